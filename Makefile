@@ -1,0 +1,63 @@
+# kvscale: every target installs what it needs (Python deps in .venv, test bed binaries cached
+# under ~/.cache/kvscale). Quick start: `make demo`, `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help venv test test-unit test-bed lint typecheck crds bench demo plan testbed-build testbed-up testbed-down clean
+
+help:
+	@echo "make demo    - run the main demo"
+	@echo "make test    - lint, type-check, unit tests, then the tests on the real test bed"
+	@echo "make bench   - accuracy and speed benchmarks (prints figures)"
+	@echo "make crds    - regenerate crds/ from the pydantic models"
+	@echo "make testbed-up / testbed-down - start/stop the local control plane + Prometheus"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(VENV)/bin/ruff check operator tests benchmarks
+	$(VENV)/bin/lint-imports
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+crds: venv
+	$(PY) -m kvscale.api.crd --out crds/
+
+test-unit: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+testbed-build:
+	bash tests/testbed/build.sh
+
+testbed-up: venv testbed-build
+	bash tests/testbed/up.sh
+
+testbed-down:
+	bash tests/testbed/down.sh
+
+test-bed: venv testbed-build
+	bash tests/testbed/run-bed-tests.sh
+
+test: lint typecheck test-unit test-bed
+
+bench: venv
+	$(PY) benchmarks/accuracy.py
+	$(PY) benchmarks/planner_speed.py
+
+plan: venv
+	@for f in examples/*.yaml; do echo "=== $$f"; $(VENV)/bin/kvscale plan -f $$f || exit 1; done
+
+demo: plan
+
+clean:
+	rm -rf $(VENV) .testbed demo-out bench-out

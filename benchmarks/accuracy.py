@@ -1,0 +1,151 @@
+"""Accuracy of kvscale's performance model against published measurements.
+
+    make bench            # or: .venv/bin/python benchmarks/accuracy.py [--csv out.csv]
+
+Every row of benchmarks/data/published.yaml names its source, setup and the figures it quotes; this
+script predicts the same figures with the default efficiency factors and prints the absolute
+percentage error of each, then the median per metric (TPOT / decode latency, TTFT, throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvscale.api.spec import KvCacheDtype, Precision
+from kvscale.catalog import find_gpu, resolve_architecture
+from kvscale.perfmodel import (
+    DEFAULT_EFFICIENCY,
+    EfficiencyFactors,
+    RequestShape,
+    ServingSetup,
+    build_replica_model,
+    estimate_at_concurrency,
+    fixed_batch_latency_s,
+)
+from kvscale.perfmodel.replica import compute_replica_kv_capacity
+from kvscale.perfmodel.serving import concurrency_limit
+
+DATA = Path(__file__).parent / "data" / "published.yaml"
+# Batch caps the engines use when left to choose (offline throughput runs).
+OFFLINE_MAX_NUM_SEQS = {"vllm": 1024, "sglang": 1024, "tensorrt-llm": 2048, "other": 1024}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    measurement_id: str
+    engine: str
+    metric: str  # tpot_ms, latency_s, ttft_ms, output_tokens_per_s
+    measured: float
+    predicted: float
+
+    @property
+    def abs_pct_error(self) -> float:
+        return abs(self.predicted - self.measured) / self.measured * 100.0
+
+
+def load_measurements(path: Path = DATA) -> list[dict[str, Any]]:
+    measurements: list[dict[str, Any]] = yaml.safe_load(path.read_text())["measurements"]
+    return measurements
+
+
+def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAULT_EFFICIENCY) -> list[Comparison]:
+    """Predict every figure a measurement quotes, under the same scenario."""
+    arch = resolve_architecture(m["model"])
+    utilization = 0.95 if m["engine"] == "tensorrt-llm" else 0.90
+    setup = ServingSetup(arch=arch, gpu=find_gpu(m["gpu"]), tensor_parallel=int(m["tensor_parallel"]),
+                         precision=Precision(m["precision"]),
+                         kv_cache_dtype=KvCacheDtype(m.get("kv_cache_dtype", "auto")),
+                         gpu_memory_utilization=utilization, efficiency=efficiency)
+    model = build_replica_model(setup)
+    shape = RequestShape(float(m["input_tokens"]), float(m["output_tokens"]))
+    predicted: dict[str, float] = {}
+    scenario = m["scenario"]
+    if scenario == "fixed_batch":
+        batch = float(m["batch_size"])
+        latency = fixed_batch_latency_s(model, shape, batch)
+        prefill = float(model.prefill_s(shape.input_tokens, batch))
+        predicted = {
+            "latency_s": latency,
+            "ttft_ms": prefill * 1e3,
+            "tpot_ms": (latency - prefill) / max(shape.output_tokens - 1, 1) * 1e3,
+            "output_tokens_per_s": batch * shape.output_tokens / latency,
+        }
+    elif scenario in ("concurrency", "offline"):
+        if scenario == "offline":
+            cap = OFFLINE_MAX_NUM_SEQS.get(m["engine"], 1024)
+            kv = compute_replica_kv_capacity(setup, cap, shape.mean_context_tokens).tokens
+            concurrency = float(concurrency_limit(shape, cap, kv, oversubscribe=True))
+        else:
+            concurrency = float(m["concurrency"])
+        est = estimate_at_concurrency(model, shape, concurrency, quantile=0.5)
+        predicted = {
+            "tpot_ms": float(est.tpot_mean_s) * 1e3,
+            "ttft_ms": float(est.ttft_mean_s) * 1e3,
+            "output_tokens_per_s": float(est.output_tokens_per_s),
+        }
+    else:
+        raise ValueError(f"{m['id']}: unsupported scenario {scenario}")
+    return [
+        Comparison(m["id"], m["engine"], metric, float(value), predicted[metric])
+        for metric, value in (m.get("measured") or {}).items()
+        if value is not None and metric in predicted
+    ]
+
+
+def median_errors(comparisons: list[Comparison]) -> dict[str, tuple[float, int]]:
+    groups = {"TPOT (tpot_ms + fixed-batch latency_s)": ("tpot_ms", "latency_s"), "TTFT": ("ttft_ms",),
+              "throughput": ("output_tokens_per_s",)}
+    result = {}
+    for name, metrics in groups.items():
+        errors = [c.abs_pct_error for c in comparisons if c.metric in metrics]
+        result[name] = (statistics.median(errors) if errors else float("nan"), len(errors))
+    return result
+
+
+def run(efficiency: EfficiencyFactors = DEFAULT_EFFICIENCY) -> list[Comparison]:
+    comparisons: list[Comparison] = []
+    for m in load_measurements():
+        comparisons.extend(predict_measurement(m, efficiency))
+    return comparisons
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--csv", help="also write every comparison to this CSV")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every comparison")
+    args = parser.parse_args(argv)
+    comparisons = run()
+    if args.verbose:
+        print(f"{'measurement':<48}{'metric':<22}{'measured':>12}{'predicted':>12}{'APE %':>8}")
+        for c in comparisons:
+            print(f"{c.measurement_id[:47]:<48}{c.metric:<22}{c.measured:>12.4g}{c.predicted:>12.4g}"
+                  f"{c.abs_pct_error:>8.1f}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["measurement", "engine", "metric", "measured", "predicted", "abs_pct_error"])
+            for c in comparisons:
+                writer.writerow([c.measurement_id, c.engine, c.metric, c.measured, f"{c.predicted:.6g}",
+                                 f"{c.abs_pct_error:.2f}"])
+    print(f"accuracy vs {len(load_measurements())} published measurements ({len(comparisons)} figures), "
+          f"command: .venv/bin/python benchmarks/accuracy.py")
+    for name, (error, count) in median_errors(comparisons).items():
+        print(f"  median absolute % error, {name:<40} {error:6.1f}%  (n={count})")
+    by_engine: dict[str, list[float]] = {}
+    for c in comparisons:
+        by_engine.setdefault(c.engine, []).append(c.abs_pct_error)
+    for engine, errors in sorted(by_engine.items()):
+        print(f"  median absolute % error, engine {engine:<33} {statistics.median(errors):6.1f}%  (n={len(errors)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

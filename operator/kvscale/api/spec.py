@@ -1,0 +1,337 @@
+"""`LLMDeployment.spec`: what a platform team asks for. Field docs become the CRD's descriptions."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from kvscale.api.base import ApiModel
+from kvscale.errors import InvalidSpecError
+
+API_GROUP = "kvscale.dev"
+API_VERSION = "v1alpha1"
+KIND = "LLMDeployment"
+
+
+class Precision(StrEnum):
+    """Weight precision. Quantized formats include their scale overhead in the memory model."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+    MXFP4 = "mxfp4"
+
+
+class KvCacheDtype(StrEnum):
+    """KV-cache element type: `auto` follows the activations (16-bit), `fp8` halves KV memory."""
+
+    AUTO = "auto"
+    FP8 = "fp8"
+
+
+class ScalingMode(StrEnum):
+    """Auto acts on replicas; Recommend only writes the decision to status; Off does nothing."""
+
+    AUTO = "Auto"
+    RECOMMEND = "Recommend"
+    OFF = "Off"
+
+
+class Engine(StrEnum):
+    """Serving engine that runs the model: vLLM or SGLang."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A Hugging Face config.json stored in a ConfigMap of the resource's namespace."""
+
+    name: Annotated[str, Field(min_length=1, description="ConfigMap name.")]
+    key: Annotated[str, Field(min_length=1, description="Key holding the config.json text.")] = "config.json"
+
+
+class ModelSection(ApiModel):
+    """Which model to serve, where its architecture comes from, and at what precision."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=256,
+            description="Catalog id or Hugging Face repo id (case-insensitive), e.g. "
+            "meta-llama/Llama-3.1-70B-Instruct. Served under this name.",
+        ),
+    ]
+    architecture: Annotated[
+        dict[str, Any] | None,
+        Field(
+            description="Inline Hugging Face config.json contents; overrides the catalog. "
+            "Use for models the catalog lacks.",
+            json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        ),
+    ] = None
+    config_path: Annotated[
+        str | None,
+        Field(description="Path to a config.json on the planner's machine (CLI use)."),
+    ] = None
+    config_map_ref: Annotated[
+        ConfigMapKeyRef | None,
+        Field(description="ConfigMap holding the model's config.json (operator use)."),
+    ] = None
+    precision: Annotated[
+        Precision | None,
+        Field(description="Weight precision; defaults to the checkpoint's native precision."),
+    ] = None
+    kv_cache_dtype: Annotated[
+        KvCacheDtype, Field(description="KV-cache dtype: auto (16-bit) or fp8.")
+    ] = KvCacheDtype.AUTO
+
+    @model_validator(mode="after")
+    def _one_architecture_source(self) -> ModelSection:
+        given = [n for n, v in (("architecture", self.architecture), ("configPath", self.config_path),
+                                ("configMapRef", self.config_map_ref)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of architecture, configPath, configMapRef (got {given})")
+        return self
+
+
+class GpuSection(ApiModel):
+    """Which accelerators the planner may choose from, and their prices."""
+
+    types: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]],
+        Field(
+            min_length=1,
+            max_length=16,
+            description="Candidate GPU types from the catalog (e.g. H100-SXM, L4); the planner "
+            "picks the cheapest one that meets the SLOs.",
+        ),
+    ]
+    per_node: Annotated[
+        int, Field(ge=1, le=16, description="GPUs per node: the largest tensor-parallel degree allowed.")
+    ] = 8
+    price_usd_per_hour: Annotated[
+        dict[str, Annotated[float, Field(gt=0)]],
+        Field(description="Hourly price per GPU by type, overriding the catalog's default price."),
+    ] = Field(default_factory=dict)
+
+
+class SloSection(ApiModel):
+    """Latency targets the plan and the autoscaler must keep."""
+
+    ttft_ms: Annotated[float, Field(gt=0, le=600_000, description="Time-to-first-token target, ms.")]
+    tpot_ms: Annotated[
+        float, Field(gt=0, le=60_000, description="Time-per-output-token (inter-token latency) target, ms.")
+    ]
+    percentile: Annotated[
+        float, Field(ge=50, le=99.9, description="Percentile at which both targets must hold.")
+    ] = 95.0
+
+
+class WorkloadSection(ApiModel):
+    """The expected traffic: arrival rate and request shape."""
+
+    requests_per_second: Annotated[
+        float, Field(ge=0, le=1_000_000, description="Expected mean arrival rate, requests/s.")
+    ]
+    input_tokens: Annotated[int, Field(ge=1, le=10_000_000, description="Mean prompt length, tokens.")]
+    output_tokens: Annotated[int, Field(ge=1, le=1_000_000, description="Mean output length, tokens.")]
+    max_context_tokens: Annotated[
+        int | None,
+        Field(
+            ge=16,
+            le=10_000_000,
+            description="Longest prompt+output to support (vLLM --max-model-len); defaults to the "
+            "model's maximum, clamped to what fits in memory.",
+        ),
+    ] = None
+
+    @model_validator(mode="after")
+    def _context_holds_mean_request(self) -> WorkloadSection:
+        if self.max_context_tokens is not None and self.max_context_tokens < self.input_tokens + self.output_tokens:
+            raise ValueError(
+                f"maxContextTokens ({self.max_context_tokens}) must be at least inputTokens + outputTokens "
+                f"({self.input_tokens + self.output_tokens})"
+            )
+        return self
+
+
+class ScalingSection(ApiModel):
+    """Replica bounds and the autoscaler's behaviour."""
+
+    min_replicas: Annotated[int, Field(ge=0, le=1000, description="Fewest replicas, even when idle.")] = 1
+    max_replicas: Annotated[int, Field(ge=1, le=1000, description="Most replicas the scaler may run.")] = 10
+    mode: Annotated[ScalingMode, Field(description="Auto, Recommend or Off.")] = ScalingMode.AUTO
+    scale_up_stabilization_seconds: Annotated[
+        int, Field(ge=0, le=3600, description="Highest recommendation over this window is used to scale up.")
+    ] = 0
+    scale_down_stabilization_seconds: Annotated[
+        int, Field(ge=0, le=86_400, description="Scale down only to the highest recommendation in this window.")
+    ] = 300
+    headroom: Annotated[
+        float, Field(ge=0, le=1, description="Spare capacity kept above demand, as a fraction (0.2 = 20%).")
+    ] = 0.1
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> ScalingSection:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas ({self.min_replicas}) exceeds maxReplicas ({self.max_replicas})")
+        return self
+
+
+class EnvVar(ApiModel):
+    """An environment variable set in the serving container."""
+
+    name: Annotated[
+        str, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", description="Variable name.")
+    ]
+    value: Annotated[str, Field(description="Variable value (empty by default).")] = ""
+
+
+class Toleration(ApiModel):
+    """A Kubernetes pod toleration (core/v1 Toleration), copied onto the serving pods."""
+
+    key: Annotated[str | None, Field(description="Taint key to tolerate; empty with Exists matches all.")] = None
+    operator: Annotated[
+        str | None, Field(pattern=r"^(Exists|Equal)$", description="Exists or Equal (default Equal).")
+    ] = None
+    value: Annotated[str | None, Field(description="Taint value to match when the operator is Equal.")] = None
+    effect: Annotated[
+        str | None,
+        Field(
+            pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$",
+            description="Taint effect to match: NoSchedule, PreferNoSchedule or NoExecute; empty matches all.",
+        ),
+    ] = None
+    toleration_seconds: Annotated[
+        int | None, Field(description="For NoExecute: how long the pod stays bound after the taint appears.")
+    ] = None
+
+
+class ServingSection(ApiModel):
+    """How the serving pods are run: engine, image, pinned engine settings and pod overrides."""
+
+    engine: Annotated[Engine, Field(description="Serving engine: vllm or sglang.")] = Engine.VLLM
+    image: Annotated[
+        str | None,
+        Field(min_length=1, description="Container image; defaults to the engine's pinned release image."),
+    ] = None
+    tensor_parallel: Annotated[
+        int | None,
+        Field(ge=1, le=64, description="Pin the tensor-parallel degree instead of letting the planner choose."),
+    ] = None
+    max_num_seqs: Annotated[
+        int | None, Field(ge=1, le=4096, description="Pin max-num-seqs instead of letting the planner choose.")
+    ] = None
+    gpu_memory_utilization: Annotated[
+        float | None, Field(gt=0.1, le=0.99, description="Pin --gpu-memory-utilization (default 0.90).")
+    ] = None
+    extra_args: Annotated[list[str], Field(description="Extra engine arguments, appended last.")] = Field(
+        default_factory=list
+    )
+    env: Annotated[list[EnvVar], Field(description="Extra environment variables.")] = Field(default_factory=list)
+    resources: Annotated[
+        dict[str, dict[str, str]],
+        Field(description="Extra container requests/limits (cpu, memory); GPUs are set from the plan."),
+    ] = Field(default_factory=dict)
+    node_selector: Annotated[
+        dict[str, str], Field(description="Added to the planned GPU product selector.")
+    ] = Field(default_factory=dict)
+    tolerations: Annotated[list[Toleration], Field(description="Pod tolerations.")] = Field(default_factory=list)
+
+    @field_validator("resources")
+    @classmethod
+    def _known_resource_sections(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        unknown = set(value) - {"requests", "limits"}
+        if unknown:
+            raise ValueError(f"resources allows only 'requests' and 'limits', got {sorted(unknown)}")
+        return value
+
+
+class LLMDeploymentSpec(ApiModel):
+    """What a platform team asks for: a model, candidate GPUs, latency targets and the expected load."""
+
+    model: Annotated[ModelSection, Field(description="The model to serve.")]
+    gpu: Annotated[GpuSection, Field(description="Candidate GPU types and prices.")]
+    slo: Annotated[SloSection, Field(description="Latency targets (TTFT and TPOT at a percentile).")]
+    workload: Annotated[WorkloadSection, Field(description="Expected traffic the plan is sized for.")]
+    scaling: Annotated[ScalingSection, Field(description="Replica bounds and autoscaling behaviour.")] = Field(
+        default_factory=ScalingSection
+    )
+    serving: Annotated[
+        ServingSection, Field(description="Serving engine, image and pod settings.")
+    ] = Field(default_factory=ServingSection)
+    replicas: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=1000,
+            description="Manual replica count used when scaling.mode is Off, and the target of "
+            "kubectl scale / HPA (the scale subresource's spec.replicas).",
+        ),
+    ] = None
+
+
+class ObjectMeta(ApiModel):
+    """The parts of Kubernetes object metadata kvscale reads; the rest is kept as given."""
+
+    model_config = ApiModel.model_config | {"extra": "allow"}
+
+    name: Annotated[str, Field(min_length=1, max_length=63, description="Resource name.")]
+    namespace: Annotated[str | None, Field(description="Namespace of the resource.")] = None
+
+
+class LLMDeployment(ApiModel):
+    """An LLM served on Kubernetes with SLO-driven capacity planning and autoscaling."""
+
+    api_version: Annotated[
+        str, Field(pattern=rf"^{API_GROUP}/{API_VERSION}$", description="Always kvscale.dev/v1alpha1.")
+    ] = f"{API_GROUP}/{API_VERSION}"
+    kind: Annotated[str, Field(pattern=rf"^{KIND}$", description="Always LLMDeployment.")] = KIND
+    metadata: Annotated[ObjectMeta, Field(description="Standard object metadata.")]
+    spec: Annotated[LLMDeploymentSpec, Field(description="Desired state: model, GPUs, SLOs and workload.")]
+
+
+def _describe(error: ValidationError) -> str:
+    """One line per problem, the path in the resource's own camelCase words."""
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"])
+        lines.append(f"{path}: {item['msg']}")
+    return "; ".join(lines)
+
+
+def parse_resource(document: dict[str, Any]) -> LLMDeployment:
+    """Validate a resource dict; errors name each field (e.g. `spec.slo.ttftMs`) and what is allowed."""
+    try:
+        return LLMDeployment.model_validate(document)
+    except ValidationError as exc:
+        raise InvalidSpecError(f"invalid {KIND}: {_describe(exc)}") from exc
+
+
+def parse_spec(spec: dict[str, Any]) -> LLMDeploymentSpec:
+    """Validate only a `spec` mapping (as kopf hands it over); errors are prefixed with `spec.`."""
+    try:
+        return LLMDeploymentSpec.model_validate(spec)
+    except ValidationError as exc:
+        lines = [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise InvalidSpecError(f"invalid {KIND}: {'; '.join(lines)}") from exc
+
+
+def load_resource(path: Path) -> LLMDeployment:
+    """Read one LLMDeployment from a YAML file (the first document of that kind)."""
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidSpecError(f"cannot read {path}: {exc}") from exc
+    for document in documents:
+        if isinstance(document, dict) and document.get("kind") == KIND:
+            return parse_resource(document)
+    raise InvalidSpecError(f"{path} holds no {KIND} resource")

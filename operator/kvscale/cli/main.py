@@ -1,0 +1,51 @@
+"""Argument parsing and dispatch. Errors kvscale owns become one readable line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kvscale.api.spec import KvCacheDtype, Precision
+from kvscale.errors import KvscaleError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvscale", description="Capacity planning and autoscaling for LLM serving.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    plan = sub.add_parser("plan", help="plan the cheapest SLO-compliant deployment of an LLMDeployment file")
+    plan.add_argument("-f", "--file", required=True, help="LLMDeployment YAML")
+    plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    plan.add_argument("--plot", metavar="PNG", help="draw throughput vs TPOT per candidate TP (the goodput chart)")
+
+    predict = sub.add_parser("predict", help="predict one configuration's latency, throughput and memory")
+    predict.add_argument("--model", required=True, help="catalog id, alias or Hugging Face repo id")
+    predict.add_argument("--config-json", help="a Hugging Face config.json to use instead of the catalog")
+    predict.add_argument("--gpu", required=True)
+    predict.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    predict.add_argument("--batch", type=int, default=1, help="concurrent requests")
+    predict.add_argument("--input-tokens", type=int, default=1024)
+    predict.add_argument("--output-tokens", type=int, default=256)
+    predict.add_argument("--precision", choices=[p.value for p in Precision])
+    predict.add_argument("--kv-cache-dtype", choices=[k.value for k in KvCacheDtype], default="auto")
+    predict.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    predict.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "plan":
+            from kvscale.cli.plan_cmd import run_plan
+
+            return run_plan(args)
+        if args.command == "predict":
+            from kvscale.cli.predict_cmd import run_predict
+
+            return run_predict(args)
+    except KvscaleError as exc:
+        print(f"kvscale: error: {exc}", file=sys.stderr)
+        return 2
+    return 2

@@ -1,0 +1,200 @@
+"""Roofline step times of one replica (one vLLM engine over `tensor_parallel` GPUs).
+
+An engine step runs every running sequence's next token plus, with chunked prefill, a slice of
+waiting prompts. Each kernel family is bounded by the slower of its bytes (HBM) and its FLOPs
+(tensor cores); the step is their sum plus TP all-reduces and a fixed per-step overhead.
+Every method takes numpy arrays and broadcasts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from kvscale.api.spec import KvCacheDtype, Precision
+from kvscale.catalog.architecture import ModelArchitecture
+from kvscale.catalog.gpus import GpuSpec
+from kvscale.perfmodel.communication import ALLREDUCES_PER_LAYER, estimate_allreduce_s
+from kvscale.perfmodel.efficiency import DEFAULT_EFFICIENCY, EfficiencyFactors
+from kvscale.perfmodel.memory import (
+    KvCapacity,
+    compute_kv_capacity,
+    compute_parameter_counts,
+    compute_weight_bytes,
+    kv_bytes_per_token_per_layer,
+    weights_bytes_per_gpu,
+)
+from kvscale.perfmodel.precision import linear_flops_per_s
+from kvscale.units import GIB
+
+Array = NDArray[np.float64]
+ACTIVATION_BYTES = 2  # 16-bit hidden states on the wire
+LARGE_GPU_BYTES = 70 * GIB
+
+
+def default_max_num_batched_tokens(gpu: GpuSpec) -> int:
+    """vLLM's serve default token budget per step: 8192 on >=70 GiB GPUs other than A100, else 2048."""
+    if gpu.memory_bytes >= LARGE_GPU_BYTES and "A100" not in gpu.name.upper():
+        return 8192
+    return 2048
+
+
+@dataclass(frozen=True)
+class ServingSetup:
+    """Everything that fixes a replica's speed: model, GPU, parallelism, precisions, engine knobs."""
+
+    arch: ModelArchitecture
+    gpu: GpuSpec
+    tensor_parallel: int
+    precision: Precision
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
+    gpu_memory_utilization: float = 0.90
+    max_num_batched_tokens: int = 0  # 0: vLLM's default for the GPU
+    efficiency: EfficiencyFactors = field(default=DEFAULT_EFFICIENCY)
+
+    @property
+    def token_budget(self) -> int:
+        return self.max_num_batched_tokens or default_max_num_batched_tokens(self.gpu)
+
+
+@dataclass(frozen=True)
+class ReplicaModel:
+    """Precomputed per-rank constants of a ServingSetup and the step-time roofline over them."""
+
+    setup: ServingSetup
+    always_read_bytes: float  # per rank, per step
+    routed_expert_bytes: float  # one expert of one layer, per rank
+    linear_flops_per_token: float  # per rank, LM head excluded
+    lm_head_flops_per_token: float  # per rank
+    expert_flops_per_token: float  # per rank, the k active experts of all MoE layers
+    attention_flops_per_token_pair: float  # per rank: QK^T and AV for one (query, key) pair, all layers
+    kv_bytes_per_token_per_layer: float  # per rank
+    linear_flops_per_s: float
+    attention_flops_per_s: float
+
+    @property
+    def arch(self) -> ModelArchitecture:
+        return self.setup.arch
+
+    def _experts_touched_per_layer(self, tokens: Array) -> Array:
+        """Expected distinct experts a batch of `tokens` routes to (uniform top-k routing)."""
+        arch = self.arch
+        if not arch.is_moe:
+            return np.zeros_like(tokens)
+        miss = (1.0 - arch.num_experts_per_token / arch.num_experts) ** tokens
+        return arch.num_experts * (1.0 - miss)
+
+    def effective_context(self, context_tokens: ArrayLike) -> Array:
+        """Layer-averaged attended context: sliding-window layers stop at their window."""
+        ctx = np.asarray(context_tokens, dtype=np.float64)
+        arch = self.arch
+        if not arch.num_sliding_layers:
+            return ctx
+        sliding = np.minimum(ctx, float(arch.sliding_window_tokens))
+        mixed: Array = (arch.num_full_attention_layers * ctx + arch.num_sliding_layers * sliding) / arch.num_layers
+        return mixed
+
+    def step_s(
+        self,
+        decode_seqs: ArrayLike,
+        context_tokens: ArrayLike,
+        prefill_tokens: ArrayLike = 0.0,
+        prefill_attention_pairs: ArrayLike = 0.0,
+        prefill_seqs: ArrayLike = 0.0,
+    ) -> Array:
+        """Duration of one engine step, seconds.
+
+        decode_seqs sequences each decode one token at a mean cache length of `context_tokens`;
+        `prefill_tokens` prompt tokens of `prefill_seqs` sequences are computed in the same step,
+        attending over `prefill_attention_pairs` (query, key) pairs in total (causal: L²/2 for a
+        whole prompt of L).
+        """
+        eff = self.setup.efficiency
+        gpu = self.setup.gpu
+        arch = self.arch
+        decode = np.asarray(decode_seqs, dtype=np.float64)
+        prefill = np.asarray(prefill_tokens, dtype=np.float64)
+        tokens = decode + prefill
+        bandwidth = gpu.hbm_bandwidth_bytes_per_s
+
+        experts = self._experts_touched_per_layer(tokens) * arch.num_moe_layers
+        weight_bytes = self.always_read_bytes + experts * self.routed_expert_bytes
+        logit_rows = decode + np.minimum(np.asarray(prefill_seqs, dtype=np.float64), prefill)
+        linear_flops = (tokens * (self.linear_flops_per_token + self.expert_flops_per_token)
+                        + logit_rows * self.lm_head_flops_per_token)
+        linear_s = np.maximum(weight_bytes / (bandwidth * eff.hbm_bandwidth),
+                              linear_flops / (self.linear_flops_per_s * eff.compute))
+
+        ctx = self.effective_context(context_tokens)
+        kv_bytes = decode * ctx * self.kv_bytes_per_token_per_layer * arch.num_layers
+        decode_attention_flops = decode * ctx * self.attention_flops_per_token_pair
+        decode_attention_s = np.maximum(kv_bytes / (bandwidth * eff.attention_bandwidth),
+                                        decode_attention_flops / (self.attention_flops_per_s * eff.compute))
+        prefill_attention_s = (np.asarray(prefill_attention_pairs, dtype=np.float64)
+                               * self.attention_flops_per_token_pair / (self.attention_flops_per_s * eff.compute))
+
+        message = tokens * arch.hidden_size * ACTIVATION_BYTES
+        comm_s = arch.num_layers * ALLREDUCES_PER_LAYER * estimate_allreduce_s(
+            gpu, self.setup.tensor_parallel, message, eff)
+        comm_s = np.where(tokens > 0, comm_s, 0.0)
+        return linear_s + decode_attention_s + prefill_attention_s + comm_s + eff.step_overhead_s
+
+    def decode_step_s(self, batch: ArrayLike, context_tokens: ArrayLike) -> Array:
+        return self.step_s(batch, context_tokens)
+
+    def prefill_s(self, prompt_tokens: ArrayLike, prompts: ArrayLike = 1.0) -> Array:
+        """Time to prefill `prompts` prompts of `prompt_tokens` each, alone, in token-budget chunks."""
+        length = np.asarray(prompt_tokens, dtype=np.float64)
+        count = np.asarray(prompts, dtype=np.float64)
+        total = length * count
+        chunks = np.maximum(1.0, np.ceil(total / self.setup.token_budget))
+        pairs = count * length * length / 2.0
+        per_chunk = self.step_s(0.0, 0.0, total / chunks, pairs / chunks, count / chunks)
+        return chunks * per_chunk
+
+
+def build_replica_model(setup: ServingSetup) -> ReplicaModel:
+    arch = setup.arch
+    tp = setup.tensor_parallel
+    counts = compute_parameter_counts(arch)
+    weights = compute_weight_bytes(arch, setup.precision)
+    dense_linear = counts.attention + counts.dense_ffn + counts.shared_experts + counts.router
+    lm_head = counts.lm_head or counts.embedding
+    if arch.is_mla:
+        # Absorbed MLA: scores and values in the latent space (kv_lora_rank + rope dims) per head.
+        per_pair = 2 * arch.num_attention_heads * (2 * arch.kv_lora_rank + arch.qk_rope_head_dim) * arch.num_layers
+    else:
+        per_pair = 4 * arch.num_attention_heads * arch.head_dim * arch.num_layers
+    return ReplicaModel(
+        setup=setup,
+        always_read_bytes=weights.always_read / tp,
+        routed_expert_bytes=weights.routed_expert / tp,
+        linear_flops_per_token=2.0 * dense_linear / tp,
+        lm_head_flops_per_token=2.0 * lm_head / tp,
+        expert_flops_per_token=2.0 * arch.num_moe_layers * arch.num_experts_per_token * counts.routed_expert_size / tp,
+        attention_flops_per_token_pair=per_pair / tp,
+        kv_bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, setup.kv_cache_dtype, tp),
+        linear_flops_per_s=linear_flops_per_s(setup.gpu, setup.precision),
+        attention_flops_per_s=setup.gpu.bf16_flops_per_s,
+    )
+
+
+def compute_replica_kv_capacity(setup: ServingSetup, max_num_seqs: int,
+                                context_tokens: float | None = None) -> KvCapacity:
+    return compute_kv_capacity(
+        setup.arch,
+        setup.gpu.memory_bytes,
+        setup.precision,
+        setup.kv_cache_dtype,
+        setup.tensor_parallel,
+        setup.gpu_memory_utilization,
+        setup.token_budget,
+        max_num_seqs,
+        context_tokens,
+    )
+
+
+def replica_weights_bytes_per_gpu(setup: ServingSetup) -> float:
+    return weights_bytes_per_gpu(setup.arch, setup.precision, setup.tensor_parallel)

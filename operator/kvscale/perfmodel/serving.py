@@ -1,0 +1,273 @@
+"""Continuous batching at a load: TPOT and TTFT percentiles, throughput, and goodput under SLOs.
+
+A replica keeps up to `max_num_seqs` sequences running. Every step decodes one token for each and,
+with chunked prefill, spends the rest of the token budget on waiting prompts; so prompts slow the
+decodes they share steps with. Arrivals queue for a free slot (M/M/c over the slots) and then for
+prefill capacity (M/M/1 over the token budget). All functions broadcast over numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from kvscale.perfmodel.queueing import mm1_wait_quantile_s, mmc_wait_quantile_s, normal_quantile
+from kvscale.perfmodel.replica import ReplicaModel
+
+Array = NDArray[np.float64]
+_FIXED_POINT_ITERATIONS = 40
+_FIXED_POINT_TOLERANCE = 1e-2  # sequences
+_BISECTION_ITERATIONS = 20
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """Mean request: prompt and output lengths in tokens."""
+
+    input_tokens: float
+    output_tokens: float
+
+    @property
+    def mean_context_tokens(self) -> float:
+        """Mean cache length of a decoding sequence (halfway through its output)."""
+        return self.input_tokens + self.output_tokens / 2.0
+
+    @property
+    def decode_steps(self) -> float:
+        return max(self.output_tokens - 1.0, 0.0)
+
+
+@dataclass(frozen=True)
+class LoadEstimate:
+    """Predicted behaviour of one replica at a load (arrays broadcast over the inputs)."""
+
+    running_seqs: Array  # mean sequences in the running batch
+    request_rate: Array  # completed requests/s
+    output_tokens_per_s: Array
+    tpot_mean_s: Array
+    tpot_quantile_s: Array
+    ttft_mean_s: Array
+    ttft_quantile_s: Array
+    decode_step_s: Array  # a step without prefill work
+    chunk_step_s: Array  # a step carrying a full prefill chunk
+    prefill_utilisation: Array  # share of the token budget spent on prompts
+    stable: NDArray[np.bool_]
+
+
+def _step_times(model: ReplicaModel, shape: RequestShape, running: Array, chunk_tokens: Array,
+                ) -> tuple[Array, Array]:
+    """(decode-only step, step that also carries `chunk_tokens` prompt tokens) at `running` sequences."""
+    ctx = shape.mean_context_tokens
+    decode = model.step_s(running, ctx)
+    # A chunk holds slices of prompts; each prompt token attends to about half its prompt.
+    chunk_step = model.step_s(running, ctx, chunk_tokens, chunk_tokens * shape.input_tokens / 2.0,
+                              chunk_tokens / shape.input_tokens)
+    return decode, chunk_step
+
+
+def _chunk_room(model: ReplicaModel, running: Array) -> Array:
+    """Prompt tokens a step can still take after one decode token per running sequence."""
+    return np.maximum(float(model.setup.token_budget) - running, 1.0)
+
+
+def _mean_step(model: ReplicaModel, shape: RequestShape, running: Array,
+               ) -> tuple[Array, Array, Array, Array, Array]:
+    """Mean step time with prompts amortised over outputs: (mean, decode, chunk, fraction, chunk size).
+
+    Steps carrying prompt work take a whole prompt, or several when prompts arrive faster than one per
+    step, up to the room the token budget leaves.
+    """
+    room = _chunk_room(model, running)
+    prompt_tokens_per_step = running * shape.input_tokens / max(shape.output_tokens, 1.0)
+    chunk = np.minimum(room, np.maximum(shape.input_tokens, prompt_tokens_per_step))
+    decode, chunk_step = _step_times(model, shape, running, chunk)
+    fraction = np.clip(prompt_tokens_per_step / chunk, 0.0, 1.0)
+    mean = fraction * chunk_step + (1.0 - fraction) * decode
+    return mean, decode, chunk_step, fraction, chunk
+
+
+def _prefill_capacity_rate(model: ReplicaModel, shape: RequestShape, running: Array) -> Array:
+    """Prompts per second the token budget admits with every step's spare room full of prompt tokens."""
+    room = _chunk_room(model, running)
+    _, full_step = _step_times(model, shape, running, room)
+    return room / (shape.input_tokens * full_step)
+
+
+def _own_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Array:
+    """A prompt's own prefill: its chunks, at least one step."""
+    return np.maximum(1.0, np.ceil(shape.input_tokens / chunk)) * chunk_step
+
+
+def _tpot_quantile(mean: Array, decode: Array, chunk_step: Array, fraction: Array, shape: RequestShape,
+                   quantile: float) -> Array:
+    """A request's TPOT averages its steps; its spread comes from how many carried a prefill chunk."""
+    steps = max(shape.decode_steps, 1.0)
+    spread = (chunk_step - decode) * np.sqrt(fraction * (1.0 - fraction) / steps)
+    return mean + normal_quantile(quantile) * spread
+
+
+def _closed_loop_rates(model: ReplicaModel, shape: RequestShape, running: Array) -> tuple[Array, Array]:
+    """(decode-limited, prefill-limited) request rates with `running` sequences in the batch."""
+    mean, _, chunk_step, _, chunk = _mean_step(model, shape, running)
+    decode_limited = running / (_own_prefill_s(shape, chunk, chunk_step) + shape.decode_steps * mean)
+    return decode_limited, _prefill_capacity_rate(model, shape, running)
+
+
+def _sustained_running(model: ReplicaModel, shape: RequestShape, concurrency: Array) -> Array:
+    """Sequences actually decoding at a concurrency: when prompts outrun the token budget the batch
+    settles where prefill supply meets decode demand and further requests wait instead."""
+    decode_limited, prefill_limited = _closed_loop_rates(model, shape, concurrency)
+    prefill_bound = decode_limited > prefill_limited
+    if not np.any(prefill_bound):
+        return concurrency
+    low, high = np.ones_like(concurrency), concurrency.copy()
+    for _ in range(_BISECTION_ITERATIONS):  # bisection: decode rate rises, prefill rate falls with n
+        mid = (low + high) / 2.0
+        d, p = _closed_loop_rates(model, shape, mid)
+        below = d < p
+        low, high = np.where(below, mid, low), np.where(below, high, mid)
+    return np.where(prefill_bound, low, concurrency)
+
+
+def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrency: ArrayLike,
+                            quantile: float = 0.95) -> LoadEstimate:
+    """Closed loop: `concurrency` requests always in flight (benchmark_serving --max-concurrency)."""
+    offered = np.maximum(np.asarray(concurrency, dtype=np.float64), 1.0)
+    running = _sustained_running(model, shape, offered)
+    mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
+    decode_limited, prefill_limited = _closed_loop_rates(model, shape, running)
+    rate = np.minimum(decode_limited, prefill_limited)
+    in_batch_s = _own_prefill_s(shape, chunk, chunk_step)
+    # Requests beyond the sustained batch wait for it: Little's law over everything offered.
+    ttft = offered / rate - shape.decode_steps * mean
+    ttft = np.maximum(ttft, in_batch_s)
+    tpot_q = _tpot_quantile(mean, decode, chunk_step, fraction, shape, quantile)
+    return LoadEstimate(
+        running_seqs=running,
+        request_rate=rate,
+        output_tokens_per_s=rate * shape.output_tokens,
+        tpot_mean_s=mean,
+        tpot_quantile_s=tpot_q,
+        ttft_mean_s=ttft,
+        ttft_quantile_s=ttft,
+        decode_step_s=decode,
+        chunk_step_s=chunk_step,
+        prefill_utilisation=fraction,
+        stable=np.ones_like(running, dtype=bool),
+    )
+
+
+def concurrency_limit(shape: RequestShape, max_num_seqs: ArrayLike, kv_cache_tokens: ArrayLike,
+                      oversubscribe: bool = False) -> Array:
+    """Sequences a replica can run at once: the batch cap or what the KV cache holds.
+
+    By default every sequence is budgeted its full length (prompt + output), so the cache never runs
+    out and nothing is preempted: what an SLO plan needs. `oversubscribe` budgets the mean occupancy
+    (prompt + half the output) as vLLM's on-demand allocation does when run flat out; it then
+    preempts when sequences grow together, which throughput benchmarks tolerate and SLOs do not.
+    """
+    per_seq = shape.mean_context_tokens if oversubscribe else shape.input_tokens + shape.output_tokens
+    by_cache = np.floor(np.asarray(kv_cache_tokens, dtype=np.float64) / per_seq)
+    return np.maximum(np.minimum(np.asarray(max_num_seqs, dtype=np.float64), by_cache), 0.0)
+
+
+def max_request_rate(model: ReplicaModel, shape: RequestShape, slots: ArrayLike) -> Array:
+    """Highest sustainable arrival rate with `slots` sequences running (requests/s)."""
+    return estimate_at_concurrency(model, shape, slots).request_rate
+
+
+def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: ArrayLike, slots: ArrayLike,
+                     quantile: float = 0.95) -> LoadEstimate:
+    """Open loop: Poisson arrivals at `request_rate` into a replica with `slots` concurrent sequences."""
+    rate = np.asarray(request_rate, dtype=np.float64)
+    cap = np.maximum(np.asarray(slots, dtype=np.float64), 1.0)
+    rate, cap = np.broadcast_arrays(rate, cap)
+    full = estimate_at_concurrency(model, shape, cap, quantile)
+    service_full_s = cap / full.request_rate  # one slot's occupancy when every slot is busy
+
+    running = np.minimum(np.maximum(rate * service_full_s, 1.0), cap)
+    for _ in range(_FIXED_POINT_ITERATIONS):  # Little's law: running = rate × time in the batch
+        mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
+        in_batch_s = _own_prefill_s(shape, chunk, chunk_step) + shape.decode_steps * mean
+        updated = np.minimum(np.maximum(rate * in_batch_s, 1.0), cap)
+        converged = np.max(np.abs(updated - running), initial=0.0) < _FIXED_POINT_TOLERANCE
+        running = updated
+        if converged:
+            break
+    mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
+    own_prefill = _own_prefill_s(shape, chunk, chunk_step)
+
+    stable = rate < full.request_rate
+    slot_wait = mmc_wait_quantile_s(cap, rate, service_full_s, quantile)
+    prefill_rho = rate / _prefill_capacity_rate(model, shape, running)
+    prefill_wait = mm1_wait_quantile_s(prefill_rho, own_prefill, quantile)
+    alignment = mean / 2.0  # an arrival lands mid-step
+    ttft_q = np.where(stable, own_prefill + alignment + slot_wait + prefill_wait, np.inf)
+    ttft_mean = np.where(stable, own_prefill + alignment, np.inf)
+    tpot_q = _tpot_quantile(mean, decode, chunk_step, fraction, shape, quantile)
+    served = np.minimum(rate, full.request_rate)
+    return LoadEstimate(
+        running_seqs=running,
+        request_rate=served,
+        output_tokens_per_s=served * shape.output_tokens,
+        tpot_mean_s=mean,
+        tpot_quantile_s=tpot_q,
+        ttft_mean_s=ttft_mean,
+        ttft_quantile_s=ttft_q,
+        decode_step_s=decode,
+        chunk_step_s=chunk_step,
+        prefill_utilisation=fraction,
+        stable=stable,
+    )
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Highest arrival rate per replica that keeps both SLO percentiles, and what binds there."""
+
+    request_rate: Array  # requests/s; 0 where even a trickle misses an SLO
+    at_rate: LoadEstimate  # the estimate at that rate
+    max_rate: Array  # saturation rate (slots full)
+    binding: NDArray[np.str_]  # "tpot", "ttft" or "capacity"
+
+
+_COARSE_GRID = np.concatenate(([1e-4], np.linspace(0.01, 0.999, 48)))
+_FINE_STEPS = 24
+
+
+def _last_compliant(rates: Array, estimate: LoadEstimate, ttft_slo_s: float, tpot_slo_s: float,
+                    ) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
+    """Per row: SLO compliance of each rate and the index of the first violation (len when none)."""
+    ok = (estimate.ttft_quantile_s <= ttft_slo_s) & (estimate.tpot_quantile_s <= tpot_slo_s) & estimate.stable
+    first_bad = np.where(ok.all(axis=1), ok.shape[1], np.argmin(ok, axis=1))
+    return ok, first_bad
+
+
+def estimate_goodput(model: ReplicaModel, shape: RequestShape, slots: ArrayLike, ttft_slo_s: float,
+                     tpot_slo_s: float, quantile: float = 0.95) -> Goodput:
+    """Goodput of a replica for each entry of `slots`: a coarse grid over fractions of saturation,
+    then a fine grid between the last compliant and the first violating rate (latencies grow with load)."""
+    cap = np.atleast_1d(np.maximum(np.asarray(slots, dtype=np.float64), 1.0))
+    rows = np.arange(cap.size)
+    saturation = max_request_rate(model, shape, cap)
+    coarse = saturation[:, None] * _COARSE_GRID[None, :]
+    ok, first_bad = _last_compliant(coarse, estimate_at_rate(model, shape, coarse, cap[:, None], quantile),
+                                    ttft_slo_s, tpot_slo_s)
+    feasible = first_bad > 0
+    low = coarse[rows, np.maximum(first_bad - 1, 0)]
+    high = np.where(first_bad < coarse.shape[1], coarse[rows, np.minimum(first_bad, coarse.shape[1] - 1)],
+                    saturation * 0.9999)
+    fine = low[:, None] + (high - low)[:, None] * np.linspace(0.0, 1.0, _FINE_STEPS)[None, :]
+    fine_est = estimate_at_rate(model, shape, fine, cap[:, None], quantile)
+    fine_ok, fine_bad = _last_compliant(fine, fine_est, ttft_slo_s, tpot_slo_s)
+    best_rate = np.where(feasible, fine[rows, np.maximum(fine_bad - 1, 0)], 0.0)
+    at = estimate_at_rate(model, shape, np.maximum(best_rate, 1e-9), cap, quantile)
+    violation = (rows, np.minimum(fine_bad, _FINE_STEPS - 1))
+    tpot_bad = fine_est.tpot_quantile_s[violation] > tpot_slo_s
+    ttft_bad = fine_est.ttft_quantile_s[violation] > ttft_slo_s
+    saturated = (first_bad >= coarse.shape[1]) & (fine_bad >= _FINE_STEPS)
+    binding = np.where(saturated, "capacity", np.where(tpot_bad, "tpot", np.where(ttft_bad, "ttft", "capacity")))
+    del ok, fine_ok
+    return Goodput(request_rate=best_rate, at_rate=at, max_rate=saturation, binding=binding.astype(np.str_))

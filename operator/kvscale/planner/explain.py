@@ -1,0 +1,83 @@
+"""Plain-language explanations of plans: why this configuration, and why not the others."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kvscale.api.spec import LLMDeploymentSpec
+from kvscale.planner.plan import Candidate
+
+_BINDING_WORDS = {
+    "tpot": "TPOT reaches its SLO",
+    "ttft": "TTFT (queueing + prefill) reaches its SLO",
+    "memory": "the KV cache is full",
+    "throughput": "the batch is saturated",
+    "cost": "price",
+}
+
+
+def _money(value: float) -> str:
+    return f"${value:,.2f}/h"
+
+
+def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
+                     runners_up: Sequence[Candidate], rejected: Sequence[Candidate]) -> str:
+    p = f"p{spec.slo.percentile:g}"
+    predicted = chosen.predicted
+    parts = [
+        f"{chosen.replicas} x {chosen.tensor_parallel} {chosen.gpu_type} (TP{chosen.tensor_parallel}, "
+        f"max-num-seqs {chosen.max_num_seqs}, max-model-len {chosen.max_model_len}) for "
+        f"{spec.workload.requests_per_second:g} req/s at {_money(chosen.cost_per_hour)}.",
+        f"Each replica sustains {chosen.goodput_requests_per_s:.2f} req/s "
+        f"({chosen.goodput_output_tokens_per_s:,.0f} output tok/s) before "
+        f"{_BINDING_WORDS.get(chosen.binding, chosen.binding)}; "
+        f"{chosen.tokens_per_dollar:,.0f} SLO-compliant tokens per dollar.",
+    ]
+    if predicted is not None:
+        parts.append(
+            f"At the planned load: {p} TTFT {predicted.ttft_ms:.0f} ms (SLO {spec.slo.ttft_ms:g}), "
+            f"{p} TPOT {predicted.tpot_ms:.1f} ms (SLO {spec.slo.tpot_ms:g})."
+        )
+    if binding == "cost":
+        parts.append("Binding constraint: cost: the minimum replica count already meets both SLOs, so "
+                     "the cheapest configuration that fits wins.")
+    else:
+        parts.append(f"Binding constraint: {binding}: the replica count follows from each replica's goodput.")
+    if runners_up:
+        other = runners_up[0]
+        parts.append(f"Next best: {other.replicas} x {other.tensor_parallel} {other.gpu_type} "
+                     f"(TP{other.tensor_parallel}) at {_money(other.cost_per_hour)}.")
+    if rejected:
+        parts.append(f"{len(rejected)} configuration(s) rejected, e.g. {rejected[0].rejection}.")
+    return " ".join(parts)
+
+
+def explain_infeasible(spec: LLMDeploymentSpec, over_bounds: Sequence[Candidate], rejected: Sequence[Candidate],
+                       best_tpot_ms: float, best_ttft_ms: float, where_tpot: str, where_ttft: str,
+                       ) -> tuple[str, str]:
+    """(binding constraint, explanation) when no configuration meets the SLOs within the bounds."""
+    p = f"p{spec.slo.percentile:g}"
+    if over_bounds:
+        best = over_bounds[0]
+        return "replicas", (
+            f"No plan within maxReplicas {spec.scaling.max_replicas}: the cheapest needs {best.replicas} x "
+            f"{best.tensor_parallel} {best.gpu_type} (TP{best.tensor_parallel}, {best.goodput_requests_per_s:.2f} "
+            f"req/s per replica) for {spec.workload.requests_per_second:g} req/s. Raise maxReplicas or add GPU types."
+        )
+    memory = [c for c in rejected if c.rejection.startswith(("does not fit", "maxContextTokens"))]
+    if memory and len(memory) == len(rejected):
+        return "memory", "Nothing fits: " + "; ".join(c.rejection for c in memory) + "."
+    if not (math.isfinite(best_tpot_ms) or math.isfinite(best_ttft_ms)):
+        # Nothing could even be evaluated: the spec itself rules every configuration out.
+        return "configuration", "Infeasible: " + "; ".join(c.rejection for c in rejected) + "."
+    reasons = []
+    if best_tpot_ms > spec.slo.tpot_ms:
+        reasons.append(f"TPOT {spec.slo.tpot_ms:g} ms unreachable: best is {best_tpot_ms:.1f} ms at {where_tpot}")
+    if best_ttft_ms > spec.slo.ttft_ms:
+        reasons.append(f"TTFT {spec.slo.ttft_ms:g} ms unreachable: best is {best_ttft_ms:.0f} ms at {where_ttft} "
+                       f"(prefill of {spec.workload.input_tokens} tokens)")
+    binding = "tpot" if best_tpot_ms > spec.slo.tpot_ms else "ttft"
+    if not reasons:
+        reasons = [c.rejection for c in rejected[:3]] or ["no configuration meets both SLOs together"]
+    return binding, f"Infeasible ({p}): " + "; ".join(reasons) + "."

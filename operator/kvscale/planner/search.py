@@ -1,0 +1,269 @@
+"""The search: evaluate every (GPU type, TP, max-num-seqs), keep the cheapest SLO-compliant plan.
+
+Pure: the architecture and GPU specs are resolved by the caller (catalog lookups, config.json files).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from kvscale.api.spec import LLMDeploymentSpec, Precision
+from kvscale.catalog import GpuSpec, ModelArchitecture, find_gpu, resolve_architecture
+from kvscale.errors import PlanningError
+from kvscale.perfmodel.efficiency import DEFAULT_EFFICIENCY, EfficiencyFactors
+from kvscale.perfmodel.memory import max_model_len_that_fits
+from kvscale.perfmodel.replica import (
+    ReplicaModel,
+    ServingSetup,
+    build_replica_model,
+    compute_replica_kv_capacity,
+)
+from kvscale.perfmodel.serving import (
+    RequestShape,
+    concurrency_limit,
+    estimate_at_concurrency,
+    estimate_at_rate,
+    estimate_goodput,
+)
+from kvscale.planner.candidates import max_num_seqs_options, tensor_parallel_options
+from kvscale.planner.explain import explain_feasible, explain_infeasible
+from kvscale.planner.plan import Candidate, CandidateCurve, Plan, Predicted
+from kvscale.units import GIB, S_PER_HOUR, ms_to_s, s_to_ms
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
+_CURVE_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the search needs, resolved: the spec, the architecture and the candidate GPUs."""
+
+    spec: LLMDeploymentSpec
+    arch: ModelArchitecture
+    gpus: tuple[GpuSpec, ...]
+    efficiency: EfficiencyFactors = DEFAULT_EFFICIENCY
+
+
+def build_plan_inputs(spec: LLMDeploymentSpec, config_json: dict[str, Any] | None = None,
+                      efficiency: EfficiencyFactors = DEFAULT_EFFICIENCY) -> PlanInputs:
+    """Resolve names against the shipped catalog. `config_json` (already read by the caller) or the
+    spec's inline architecture override the catalog's architecture."""
+    config = spec.model.architecture if spec.model.architecture is not None else config_json
+    arch = resolve_architecture(spec.model.name, config)
+    prices = {k.lower(): v for k, v in spec.gpu.price_usd_per_hour.items()}
+    gpus = []
+    for name in dict.fromkeys(spec.gpu.types):
+        gpu = find_gpu(name)
+        override = prices.get(name.lower()) or prices.get(gpu.name.lower())
+        gpus.append(replace(gpu, usd_per_hour=override) if override else gpu)
+    return PlanInputs(spec=spec, arch=arch, gpus=tuple(gpus), efficiency=efficiency)
+
+
+def _precision(inputs: PlanInputs) -> Precision:
+    return inputs.spec.model.precision or inputs.arch.native_precision
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    """Best candidate of one GPU type and TP degree, or why none works there."""
+
+    best: Candidate | None
+    rejection: Candidate | None
+    curve: CandidateCurve | None
+    best_tpot_ms: float  # lowest p-th percentile TPOT seen at a trickle of load (for explanations)
+    best_ttft_ms: float
+
+
+def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0) -> Candidate:
+    return Candidate(
+        gpu_type=gpu.name, tensor_parallel=tp, max_num_seqs=0, max_model_len=0, gpu_memory_utilization=0.0,
+        kv_cache_tokens=0, weights_bytes_per_gpu=weights, usd_per_gpu_hour=gpu.usd_per_hour,
+        goodput_requests_per_s=0.0, goodput_output_tokens_per_s=0.0, binding="", replicas=0, gpus=0,
+        cost_per_hour=0.0, tokens_per_dollar=0.0, predicted=None, rejection=reason,
+    )
+
+
+def _replicas_for(spec: LLMDeploymentSpec, goodput_rps: float) -> int:
+    demand = spec.workload.requests_per_second * (1.0 + spec.scaling.headroom)
+    needed = math.ceil(demand / goodput_rps - 1e-9) if demand > 0 else 0
+    if spec.workload.requests_per_second > 0:
+        needed = max(needed, 1)
+    return max(needed, spec.scaling.min_replicas)
+
+
+def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
+    spec = inputs.spec
+    arch = inputs.arch
+    quantile = spec.slo.percentile / 100.0
+    shape = RequestShape(spec.workload.input_tokens, spec.workload.output_tokens)
+    utilization = spec.serving.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+    setup = ServingSetup(arch=arch, gpu=gpu, tensor_parallel=tp, precision=_precision(inputs),
+                         kv_cache_dtype=spec.model.kv_cache_dtype, gpu_memory_utilization=utilization,
+                         efficiency=inputs.efficiency)
+    batches = max_num_seqs_options(setup.token_budget, spec.serving.max_num_seqs)
+    if not batches:
+        return _Evaluation(None, _reject(gpu, tp, f"max-num-seqs above the token budget {setup.token_budget}"),
+                           None, math.inf, math.inf)
+    model = build_replica_model(setup)
+    capacities = [compute_replica_kv_capacity(setup, b, shape.mean_context_tokens) for b in batches]
+    fits_len = [max_model_len_that_fits(arch, c, setup.kv_cache_dtype, tp) for c in capacities]
+    wanted_len = spec.workload.max_context_tokens or arch.max_context_tokens
+    weights = capacities[0].weights_bytes
+    usable_gib = (gpu.memory_bytes * utilization - capacities[0].activation_bytes - capacities[0].reserve_bytes) / GIB
+    if fits_len[0] < shape.input_tokens + shape.output_tokens:
+        return _Evaluation(None, _reject(
+            gpu, tp,
+            f"does not fit on {tp} x {gpu.name}: {weights / GIB:.1f} GiB of weights per GPU leave no room "
+            f"for the KV cache of one {int(shape.input_tokens + shape.output_tokens)}-token request "
+            f"({usable_gib:.1f} GiB usable per GPU at gpu-memory-utilization {utilization})", weights),
+            None, math.inf, math.inf)
+    if spec.workload.max_context_tokens and fits_len[0] < spec.workload.max_context_tokens:
+        return _Evaluation(None, _reject(
+            gpu, tp,
+            f"maxContextTokens {spec.workload.max_context_tokens} does not fit on {tp} x {gpu.name}: at most "
+            f"{fits_len[0]} tokens of KV cache remain after {weights / GIB:.1f} GiB of weights per GPU", weights),
+            None, math.inf, math.inf)
+
+    kv_tokens = np.array([c.tokens for c in capacities], dtype=np.float64)
+    slots = concurrency_limit(shape, np.array(batches, dtype=np.float64), kv_tokens)
+    goodput = estimate_goodput(model, shape, slots, ms_to_s(spec.slo.ttft_ms), ms_to_s(spec.slo.tpot_ms), quantile)
+    trickle = estimate_at_rate(model, shape, np.full(len(batches), 1e-6), slots, quantile)
+    best_tpot_ms = s_to_ms(float(np.min(trickle.tpot_quantile_s)))
+    best_ttft_ms = s_to_ms(float(np.min(trickle.ttft_quantile_s)))
+
+    # Largest goodput wins; on ties the smaller batch cap (less memory pressure, lower tail latency).
+    order = sorted(range(len(batches)), key=lambda i: (-round(float(goodput.request_rate[i]), 9), batches[i]))
+    i = order[0]
+    curve = _curve(model, shape, gpu, tp, int(np.max(slots)))
+    rate = float(goodput.request_rate[i])
+    if rate <= 0.0:
+        reason = (f"SLO unreachable on {tp} x {gpu.name}: best p{spec.slo.percentile:g} TPOT "
+                  f"{best_tpot_ms:.1f} ms and TTFT {best_ttft_ms:.0f} ms at a trickle of load")
+        return _Evaluation(None, _reject(gpu, tp, reason, weights), curve, best_tpot_ms, best_ttft_ms)
+
+    binding = str(goodput.binding[i])
+    if binding == "capacity":
+        binding = "memory" if slots[i] < batches[i] else "throughput"
+    replicas = _replicas_for(spec, rate)
+    load_rate = spec.workload.requests_per_second / replicas if replicas else 0.0
+    at_load = estimate_at_rate(model, shape, max(load_rate, 1e-6), slots[i], quantile)
+    fleet_tokens = spec.workload.requests_per_second * shape.output_tokens
+    gpus_total = replicas * tp
+    predicted = Predicted(
+        ttft_ms=s_to_ms(float(at_load.ttft_quantile_s)),
+        tpot_ms=s_to_ms(float(at_load.tpot_quantile_s)),
+        output_tokens_per_s=fleet_tokens,
+        output_tokens_per_s_per_gpu=fleet_tokens / gpus_total if gpus_total else 0.0,
+        requests_per_second_per_replica=load_rate,
+        decode_step_ms=s_to_ms(float(at_load.decode_step_s)),
+        running_seqs_per_replica=float(at_load.running_seqs),
+    )
+    goodput_tokens = rate * shape.output_tokens
+    best = Candidate(
+        gpu_type=gpu.name,
+        tensor_parallel=tp,
+        max_num_seqs=batches[i],
+        max_model_len=int(min(wanted_len, fits_len[i], arch.max_context_tokens)),
+        gpu_memory_utilization=utilization,
+        kv_cache_tokens=int(kv_tokens[i]),
+        weights_bytes_per_gpu=weights,
+        usd_per_gpu_hour=gpu.usd_per_hour,
+        goodput_requests_per_s=rate,
+        goodput_output_tokens_per_s=goodput_tokens,
+        binding=binding,
+        replicas=replicas,
+        gpus=gpus_total,
+        cost_per_hour=gpus_total * gpu.usd_per_hour,
+        tokens_per_dollar=goodput_tokens * S_PER_HOUR / (tp * gpu.usd_per_hour),
+        predicted=predicted,
+    )
+    return _Evaluation(best, None, curve, best_tpot_ms, best_ttft_ms)
+
+
+def _curve(model: ReplicaModel, shape: RequestShape, gpu: GpuSpec, tp: int, max_slots: int) -> CandidateCurve:
+    concurrency = tuple(c for c in _CURVE_CONCURRENCY if c <= max(max_slots, 1))
+    est = estimate_at_concurrency(model, shape, np.array(concurrency, dtype=np.float64))
+    return CandidateCurve(
+        gpu_type=gpu.name,
+        tensor_parallel=tp,
+        concurrency=concurrency,
+        tpot_ms=tuple(float(v) * 1e3 for v in est.tpot_mean_s),
+        output_tokens_per_s_per_gpu=tuple(float(v) for v in est.output_tokens_per_s / tp),
+    )
+
+
+def _rank_key(candidate: Candidate) -> tuple[float, float, int]:
+    return (candidate.cost_per_hour, -candidate.tokens_per_dollar, candidate.gpus)
+
+
+def plan_deployment(inputs: PlanInputs) -> Plan:
+    """Choose the cheapest configuration meeting both SLOs for the workload, and explain it."""
+    spec = inputs.spec
+    if not inputs.gpus:
+        raise PlanningError("no candidate GPU types")
+    evaluations: list[_Evaluation] = []
+    pinned_tp = spec.serving.tensor_parallel
+    for gpu in inputs.gpus:
+        per_node = min(spec.gpu.per_node, gpu.max_gpus_per_node)
+        options = tensor_parallel_options(inputs.arch, per_node, pinned_tp)
+        if not options:
+            if pinned_tp and pinned_tp > per_node:
+                reason = f"tensorParallel {pinned_tp} exceeds {per_node} GPUs per node"
+            else:
+                reason = (f"no legal tensor-parallel degree <= {per_node} for {inputs.arch.num_attention_heads} "
+                          f"attention / {inputs.arch.num_kv_heads} KV heads")
+            evaluations.append(_Evaluation(None, _reject(gpu, pinned_tp or 0, reason), None, math.inf, math.inf))
+            continue
+        evaluations.extend(_evaluate(inputs, gpu, tp) for tp in options)
+
+    feasible = sorted((e.best for e in evaluations if e.best is not None), key=_rank_key)
+    within_bounds = [c for c in feasible if c.replicas <= spec.scaling.max_replicas]
+    rejected = tuple(e.rejection for e in evaluations if e.rejection is not None)
+    curves = tuple(e.curve for e in evaluations if e.curve is not None)
+    chosen: Candidate | None = within_bounds[0] if within_bounds else None
+    if chosen is not None:
+        binding = _plan_binding(spec, chosen)
+        text = explain_feasible(spec, chosen, binding, within_bounds[1:], rejected)
+    else:
+        best_tpot = min((e.best_tpot_ms for e in evaluations), default=math.inf)
+        best_ttft = min((e.best_ttft_ms for e in evaluations), default=math.inf)
+        binding, text = explain_infeasible(spec, feasible, rejected, best_tpot, best_ttft,
+                                           _where_best(evaluations, "tpot"), _where_best(evaluations, "ttft"))
+    return Plan(
+        feasible=chosen is not None,
+        chosen=chosen,
+        binding_constraint=binding,
+        explanation=text,
+        model=inputs.arch.name,
+        workload_requests_per_second=spec.workload.requests_per_second,
+        ttft_slo_ms=spec.slo.ttft_ms,
+        tpot_slo_ms=spec.slo.tpot_ms,
+        percentile=spec.slo.percentile,
+        alternatives=tuple(within_bounds if chosen is not None else feasible),
+        rejected=rejected,
+        curves=curves,
+    )
+
+
+def _where_best(evaluations: Sequence[_Evaluation], which: str) -> str:
+    scored = [(e.best_tpot_ms if which == "tpot" else e.best_ttft_ms, e) for e in evaluations]
+    scored = [(v, e) for v, e in scored if math.isfinite(v)]
+    if not scored:
+        return ""
+    _, best = min(scored, key=lambda item: item[0])
+    source = best.best or best.rejection
+    return f"{source.gpu_type} TP{source.tensor_parallel} batch 1" if source else ""
+
+
+def _plan_binding(spec: LLMDeploymentSpec, chosen: Candidate) -> str:
+    """What decided this plan: the price when the floor of replicas already covers the load,
+    otherwise the limit on each replica's goodput."""
+    floor = max(spec.scaling.min_replicas, 1 if spec.workload.requests_per_second > 0 else 0)
+    if chosen.replicas <= floor:
+        return "cost"
+    return chosen.binding

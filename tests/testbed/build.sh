@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds (once) and caches the test bed's binaries under ~/.cache/kvscale/testbed.
+# Re-running is cheap: every part is skipped when its versioned binary exists.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+CACHE=${KVSCALE_CACHE:-$HOME/.cache/kvscale}
+TB=$CACHE/testbed
+export GOTOOLCHAIN=local GOPATH=$CACHE/go GOMODCACHE=$CACHE/go/pkg/mod GOFLAGS=-buildvcs=false
+mkdir -p "$TB"
+log() { printf '[testbed-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+K8S_BIN=$TB/k8s-$K8S_VERSION
+if [ ! -x "$K8S_BIN/kubectl" ]; then
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $K8S_VERSION (cold: 20-60 min on 2 cores)"
+  SRC=$TB/src/k8s-$K8S_VERSION; mkdir -p "$SRC" "$K8S_BIN.tmp"
+  sed -e "s/@STAGING@/$K8S_STAGING_VERSION/g" "$HERE/stub-k8s/go.mod.in" > "$SRC/go.mod"
+  cp "$HERE/stub-k8s/tools.go" "$SRC/tools.go"
+  CMDS="k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl"
+  ( cd "$SRC" && go get "k8s.io/kubernetes@$K8S_VERSION" && go mod tidy )
+  LD="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    LD="$LD -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$K8S_MINOR -X $p.gitTreeState=clean"
+  done
+  # shellcheck disable=SC2086
+  ( cd "$SRC" && go build -mod=mod -trimpath -ldflags "$LD" -o "$K8S_BIN.tmp/" $CMDS )
+  rm -rf "$K8S_BIN" && mv "$K8S_BIN.tmp" "$K8S_BIN"
+fi
+
+ETCD_BIN=$TB/etcd-$ETCD_VERSION
+if [ ! -x "$ETCD_BIN/etcd" ]; then
+  log "building etcd $ETCD_VERSION"
+  SRC=$TB/src/etcd-$ETCD_VERSION; mkdir -p "$SRC" "$ETCD_BIN"
+  printf 'module kvscale.local/etcdbin\n\ngo 1.25.0\n' > "$SRC/go.mod"
+  ( cd "$SRC" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" \
+      && go build -mod=mod -trimpath -ldflags "-s -w" -o "$ETCD_BIN/etcd.tmp" go.etcd.io/etcd/server/v3 )
+  mv "$ETCD_BIN/etcd.tmp" "$ETCD_BIN/etcd"
+fi
+
+go_install() {  # name version package [ldflags]
+  local dir=$TB/$1-$2
+  if [ ! -x "$dir/$1" ]; then
+    log "building $1 $2"
+    GOBIN=$dir.tmp go install -trimpath -ldflags "-s -w ${4:-}" "$3@$2"
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+  fi
+}
+go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$K8S_MINOR -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$K8S_MINOR"
+# Not `go install pkg@version`: that also loads the module's deprecation notice from the proxy's
+# version list, which the proxy here refuses for this module (403 on @v/list). `go get` of the
+# exact version in a stub module does not need the list.
+SIM_DIR=$TB/llm-d-inference-sim-$INFERENCE_SIM_VERSION
+if [ ! -x "$SIM_DIR/llm-d-inference-sim" ]; then
+  log "building llm-d-inference-sim $INFERENCE_SIM_VERSION"
+  SRC=$TB/src/llm-d-inference-sim-$INFERENCE_SIM_VERSION; mkdir -p "$SRC" "$SIM_DIR.tmp"
+  printf 'module kvscale.local/simbin\n\ngo 1.25.7\n' > "$SRC/go.mod"; rm -f "$SRC/go.sum"
+  ( cd "$SRC" && go get "github.com/llm-d/llm-d-inference-sim@$INFERENCE_SIM_VERSION" \
+      && CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "-s -w" -o "$SIM_DIR.tmp/llm-d-inference-sim" \
+         github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim )
+  rm -rf "$SIM_DIR" && mv "$SIM_DIR.tmp" "$SIM_DIR"
+fi
+
+# kwok's stage definitions ship inside its module: assemble the ones the bed uses.
+if [ ! -s "$TB/kwok-$KWOK_VERSION/stages.yaml" ]; then
+  KD=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+  for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+           pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+    echo '---'; cat "$KD/kustomize/stage/$f.yaml"
+  done > "$TB/kwok-$KWOK_VERSION/stages.yaml"
+fi
+
+if ! command -v prometheus >/dev/null; then
+  log "installing Debian's prometheus"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
+# One folder of links so scripts and tests need a single PATH entry.
+mkdir -p "$TB/bin"
+for b in "$K8S_BIN"/* "$ETCD_BIN/etcd" "$TB/kwok-$KWOK_VERSION/kwok" "$TB/helm-$HELM_VERSION/helm" \
+         "$TB/llm-d-inference-sim-$INFERENCE_SIM_VERSION/llm-d-inference-sim"; do
+  ln -sfn "$b" "$TB/bin/$(basename "$b")"
+done
+ln -sfn "$TB/kwok-$KWOK_VERSION/stages.yaml" "$TB/bin/kwok-stages.yaml"
+log "ready: $TB/bin"

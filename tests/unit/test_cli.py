@@ -1,0 +1,91 @@
+"""The offline CLI: `kvscale plan` and `kvscale predict`, run as a user would."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kvscale(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvscale", *args], capture_output=True, text=True, cwd=ROOT,
+                          check=False)
+
+
+def test_plan_json_has_the_stable_keys() -> None:
+    result = kvscale("plan", "-f", "examples/llama-3.1-70b-h100.yaml", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["feasible"] is True
+    assert body["gpu_type"] == "H100-SXM"
+    assert body["tensor_parallel"] in (2, 4, 8)
+    assert body["replicas"] * body["tensor_parallel"] == body["gpus"]
+    assert body["predicted"]["tpot_ms"] <= 40
+
+
+def test_plan_table_and_goodput_chart(tmp_path: Path) -> None:
+    chart = tmp_path / "goodput.png"
+    result = kvscale("plan", "-f", "examples/llama-3.1-70b-h100.yaml", "--plot", str(chart))
+    assert result.returncode == 0, result.stderr
+    assert "PLAN (binding:" in result.stdout and "TP" in result.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
+
+
+def test_infeasible_plan_exits_1_with_explanation(tmp_path: Path) -> None:
+    text = (ROOT / "examples/llama-3.1-70b-h100.yaml").read_text().replace("tpotMs: 40", "tpotMs: 1")
+    resource = tmp_path / "impossible.yaml"
+    resource.write_text(text)
+    result = kvscale("plan", "-f", str(resource), "-o", "json")
+    assert result.returncode == 1
+    body = json.loads(result.stdout)
+    assert body["feasible"] is False and "unreachable" in body["explanation"]
+
+
+def test_predict_json() -> None:
+    result = kvscale("predict", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-SXM", "--tp", "1",
+                     "--batch", "32", "--input-tokens", "1024", "--output-tokens", "256", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    for key in ("ttft_ms", "tpot_ms", "decode_step_ms", "prefill_ms", "output_tokens_per_s",
+                "output_tokens_per_s_per_gpu", "kv_bytes_per_token", "weights_bytes_per_gpu", "kv_cache_tokens",
+                "bound"):
+        assert key in body
+    assert body["kv_bytes_per_token"] == 131_072
+    assert body["bound"] == "memory-bandwidth"
+
+
+def test_predict_with_a_user_config_json(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16,
+                                  "num_key_value_heads": 4, "intermediate_size": 8192, "vocab_size": 50000}))
+    result = kvscale("predict", "--model", "my-org/tiny", "--config-json", str(config), "--gpu", "L4", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["kv_bytes_per_token"] == 2 * 16 * 4 * 128 * 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["predict", "--model", "no-such-model", "--gpu", "H100"], "not in the catalog"),
+        (["predict", "--model", "llama-3.1-8b", "--gpu", "TPU-v9"], "known types"),
+        (["predict", "--model", "llama-3.1-8b", "--gpu", "H100", "--tp", "3"], "not legal"),
+        (["plan", "-f", "does-not-exist.yaml"], "cannot read"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
+    result = kvscale(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_invalid_resource_names_the_field(tmp_path: Path) -> None:
+    text = (ROOT / "examples/llama-3.1-70b-h100.yaml").read_text().replace("ttftMs: 1000", "ttftMs: -5")
+    resource = tmp_path / "bad.yaml"
+    resource.write_text(text)
+    result = kvscale("plan", "-f", str(resource))
+    assert result.returncode == 2
+    assert "spec.slo.ttftMs" in result.stderr

@@ -1,0 +1,144 @@
+"""Planner: choices, constraints and explanations."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscale.api.spec import LLMDeploymentSpec, load_resource
+from kvscale.planner import build_plan_inputs, plan_deployment
+
+EXAMPLES = sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml"))
+
+
+def _spec(**overrides: Any) -> LLMDeploymentSpec:
+    document: dict[str, Any] = {
+        "model": {"name": "llama-3.1-70b", "precision": "bf16"},
+        "gpu": {"types": ["H100-SXM"]},
+        "slo": {"ttftMs": 2000, "tpotMs": 50},
+        "workload": {"requestsPerSecond": 5, "inputTokens": 1000, "outputTokens": 200},
+    }
+    for path, value in overrides.items():
+        node = document
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return LLMDeploymentSpec.model_validate(document)
+
+
+def test_every_example_plans_feasibly() -> None:
+    assert len(EXAMPLES) >= 4
+    for path in EXAMPLES:
+        plan = plan_deployment(build_plan_inputs(load_resource(path).spec))
+        assert plan.feasible, (path.name, plan.explanation)
+        assert plan.chosen is not None and plan.chosen.replicas >= 1
+        assert plan.explanation
+
+
+def test_70b_bf16_is_never_planned_on_one_80gb_gpu() -> None:
+    plan = plan_deployment(build_plan_inputs(_spec()))
+    assert plan.feasible and plan.chosen is not None
+    assert plan.chosen.tensor_parallel >= 2
+    tp1 = [c for c in plan.rejected if c.tensor_parallel == 1]
+    assert tp1 and "does not fit on 1 x H100-SXM" in tp1[0].rejection
+
+
+def test_pinned_tp1_for_70b_is_infeasible_on_memory() -> None:
+    plan = plan_deployment(build_plan_inputs(_spec(**{"serving.tensorParallel": 1})))
+    assert not plan.feasible
+    assert plan.binding_constraint == "memory"
+    assert "does not fit on 1 x H100-SXM" in plan.explanation
+
+
+def test_impossible_tpot_is_explained_with_the_best_achievable() -> None:
+    plan = plan_deployment(build_plan_inputs(_spec(**{"slo.tpotMs": 1})))
+    assert not plan.feasible and plan.chosen is None
+    assert plan.binding_constraint == "tpot"
+    assert "TPOT 1 ms unreachable: best is" in plan.explanation
+    assert "TP8 batch 1" in plan.explanation
+    assert plan.to_dict()["feasible"] is False
+
+
+def test_does_not_fit_on_eight_l4() -> None:
+    spec = _spec(**{"model.name": "meta-llama/Llama-3.1-405B-Instruct", "gpu.types": ["L4"]})
+    plan = plan_deployment(build_plan_inputs(spec))
+    assert not plan.feasible and plan.binding_constraint == "memory"
+    assert "does not fit on 8 x L4" in plan.explanation
+
+
+def test_tp_above_gpus_per_node_is_rejected_with_reason() -> None:
+    plan = plan_deployment(build_plan_inputs(_spec(**{"serving.tensorParallel": 16, "gpu.perNode": 8})))
+    assert not plan.feasible
+    assert "tensorParallel 16 exceeds 8 GPUs per node" in plan.explanation
+
+
+def test_cheapest_gpu_type_wins() -> None:
+    expensive = plan_deployment(build_plan_inputs(_spec(**{
+        "model.name": "llama-3.1-8b", "gpu.types": ["H100-SXM", "L40S"], "gpu.priceUsdPerHour": {"L40S": 50.0}})))
+    cheap = plan_deployment(build_plan_inputs(_spec(**{
+        "model.name": "llama-3.1-8b", "gpu.types": ["H100-SXM", "L40S"], "gpu.priceUsdPerHour": {"L40S": 0.10}})))
+    assert expensive.chosen is not None and expensive.chosen.gpu_type == "H100-SXM"
+    assert cheap.chosen is not None and cheap.chosen.gpu_type == "L40S"
+
+
+def test_more_load_never_needs_fewer_gpus() -> None:
+    gpus = []
+    for rate in (1, 5, 20, 40):
+        plan = plan_deployment(build_plan_inputs(_spec(**{"workload.requestsPerSecond": rate,
+                                                          "scaling.maxReplicas": 100})))
+        assert plan.chosen is not None
+        gpus.append(plan.chosen.gpus)
+    assert gpus == sorted(gpus) and gpus[-1] > gpus[0]
+
+
+def test_replicas_above_max_are_reported_not_hidden() -> None:
+    plan = plan_deployment(build_plan_inputs(_spec(**{"workload.requestsPerSecond": 500, "scaling.maxReplicas": 2})))
+    assert not plan.feasible
+    assert "maxReplicas 2" in plan.explanation
+
+
+def test_predicted_latencies_meet_the_slo() -> None:
+    spec = _spec()
+    plan = plan_deployment(build_plan_inputs(spec))
+    assert plan.chosen is not None and plan.chosen.predicted is not None
+    assert plan.chosen.predicted.ttft_ms <= spec.slo.ttft_ms
+    assert plan.chosen.predicted.tpot_ms <= spec.slo.tpot_ms
+    body = plan.to_dict()
+    for key in ("feasible", "gpu_type", "tensor_parallel", "max_num_seqs", "max_model_len", "gpu_memory_utilization",
+                "replicas", "gpus", "cost_per_hour", "tokens_per_dollar", "binding_constraint", "explanation"):
+        assert key in body
+    assert set(body["predicted"]) >= {"ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu"}
+
+
+def test_max_context_that_does_not_fit_is_rejected() -> None:
+    spec = _spec(**{"model.name": "llama-3.1-8b", "gpu.types": ["L4"], "workload.maxContextTokens": 131072,
+                    "serving.tensorParallel": 1})
+    plan = plan_deployment(build_plan_inputs(spec))
+    assert not plan.feasible
+    assert "maxContextTokens 131072 does not fit" in plan.explanation
+
+
+@settings(max_examples=25, deadline=None)
+@given(tpot=st.floats(0.5, 500), ttft=st.floats(5, 60_000), rate=st.floats(0, 200))
+def test_any_slo_gives_a_plan_or_an_explanation_never_an_exception(tpot: float, ttft: float, rate: float) -> None:
+    plan = plan_deployment(build_plan_inputs(_spec(**{"slo.tpotMs": tpot, "slo.ttftMs": ttft,
+                                                      "workload.requestsPerSecond": rate})))
+    assert plan.explanation
+    if plan.feasible:
+        assert plan.chosen is not None and plan.chosen.predicted is not None
+        assert plan.chosen.predicted.tpot_ms <= tpot + 1e-6
+    else:
+        assert plan.chosen is None
+
+
+@pytest.mark.parametrize("bad", [{"slo.ttftMs": -1}, {"workload.inputTokens": 0}, {"scaling.mode": "Sometimes"}])
+def test_invalid_specs_name_the_field(bad: dict[str, Any]) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        _spec(**bad)
+    field = next(iter(bad)).split(".")[-1]
+    assert field in str(info.value)

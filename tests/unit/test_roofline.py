@@ -1,0 +1,98 @@
+"""Step-time roofline and serving model: monotonicity and regime checks."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscale.api.spec import Precision
+from kvscale.catalog import find_gpu, resolve_architecture
+from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency
+from kvscale.perfmodel.prediction import decode_bound
+from kvscale.perfmodel.serving import estimate_at_rate
+
+
+def _model(name: str = "llama-3.1-8b", gpu: str = "H100-SXM", tp: int = 1, precision: Precision = Precision.BF16):
+    return build_replica_model(ServingSetup(resolve_architecture(name), find_gpu(gpu), tp, precision))
+
+
+def test_small_batch_decode_is_memory_bound_and_near_weight_read_time() -> None:
+    model = _model()
+    gpu = find_gpu("H100-SXM")
+    weight_read_s = 16.06e9 / gpu.hbm_bandwidth_bytes_per_s
+    step = float(model.decode_step_s(1, 512))
+    assert weight_read_s < step < 2.5 * weight_read_s
+    assert decode_bound(model, 1, 512) == "memory-bandwidth"
+    assert decode_bound(model, 4096, 16) == "compute"  # short context: FLOPs outgrow weight reads
+    assert decode_bound(model, 4096, 512) == "memory-bandwidth"  # long context: KV reads dominate
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 512), st.integers(1, 512), st.integers(16, 8192))
+def test_more_batch_never_lowers_step_time_or_throughput(a: int, b: int, context: int) -> None:
+    model = _model()
+    low, high = sorted((a, b))
+    assert float(model.decode_step_s(high, context)) >= float(model.decode_step_s(low, context))
+    shape = RequestShape(context, 128)
+    est = estimate_at_concurrency(model, shape, np.array([low, high], dtype=float))
+    assert est.tpot_mean_s[1] >= est.tpot_mean_s[0] - 1e-12
+    assert est.output_tokens_per_s[1] >= est.output_tokens_per_s[0] - 1e-9
+
+
+def test_longer_context_costs_more_per_step() -> None:
+    model = _model()
+    assert float(model.decode_step_s(64, 8000)) > float(model.decode_step_s(64, 500))
+
+
+def test_prefill_grows_superlinearly_with_prompt_length() -> None:
+    model = _model()
+    short, long = float(model.prefill_s(2048)), float(model.prefill_s(32768))
+    assert long > 16 * short * 0.95
+
+
+def test_tensor_parallel_speeds_up_decode_but_costs_communication() -> None:
+    tp1, tp8 = _model("llama-3.1-70b", tp=2), _model("llama-3.1-70b", tp=8)
+    assert float(tp8.decode_step_s(1, 1000)) < float(tp1.decode_step_s(1, 1000))
+    pcie = _model("llama-3.1-8b", gpu="L4", tp=4)
+    assert float(pcie.decode_step_s(1, 100)) > float(_model("llama-3.1-8b", gpu="L4", tp=1).decode_step_s(1, 100)) / 4
+
+
+def test_moe_decode_reads_only_touched_experts() -> None:
+    moe = _model("Qwen/Qwen3-30B-A3B")
+    one, many = float(moe.decode_step_s(1, 100)), float(moe.decode_step_s(256, 100))
+    assert many > 2 * one  # at batch 1 only 8 of 128 experts per layer are read
+
+
+def test_fp8_weights_decode_faster_than_bf16() -> None:
+    assert float(_model(precision=Precision.FP8).decode_step_s(8, 1000)) < float(_model().decode_step_s(8, 1000))
+
+
+def test_chunked_prefill_slows_co_scheduled_decodes() -> None:
+    model = _model()
+    short_prompts = estimate_at_concurrency(model, RequestShape(100, 200), 64.0)
+    long_prompts = estimate_at_concurrency(model, RequestShape(6000, 200), 64.0)
+    assert float(long_prompts.tpot_mean_s) > 1.5 * float(short_prompts.tpot_mean_s)
+
+
+def test_queueing_grows_ttft_toward_saturation() -> None:
+    model = _model()
+    shape = RequestShape(1000, 200)
+    saturation = float(estimate_at_concurrency(model, shape, 64.0).request_rate)
+    rates = np.array([0.1, 0.5, 0.9, 0.99]) * saturation
+    est = estimate_at_rate(model, shape, rates, 64.0)
+    assert np.all(np.diff(est.ttft_quantile_s) > 0)
+    assert np.all(est.stable)
+    over = estimate_at_rate(model, shape, 1.1 * saturation, 64.0)
+    assert not bool(over.stable) and np.isinf(over.ttft_quantile_s)
+
+
+def test_tpot_percentile_is_at_least_the_mean() -> None:
+    est = estimate_at_rate(_model(), RequestShape(2000, 100), 5.0, 128.0, quantile=0.95)
+    assert float(est.tpot_quantile_s) >= float(est.tpot_mean_s)
+
+
+@pytest.mark.parametrize("quantile", [0.5, 0.9, 0.99])
+def test_quantiles_order(quantile: float) -> None:
+    est_low = estimate_at_rate(_model(), RequestShape(1000, 200), 10.0, 128.0, quantile=0.5)
+    est = estimate_at_rate(_model(), RequestShape(1000, 200), 10.0, 128.0, quantile=quantile)
+    assert float(est.ttft_quantile_s) >= float(est_low.ttft_quantile_s) - 1e-12

@@ -42,6 +42,7 @@ OFFLINE_MAX_NUM_SEQS = {"vllm": 1024, "sglang": 1024, "tensorrt-llm": 2048, "oth
 class Comparison:
     measurement_id: str
     engine: str
+    gpu: str
     metric: str  # tpot_ms, latency_s, ttft_ms, output_tokens_per_s
     measured: float
     predicted: float
@@ -94,7 +95,7 @@ def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAU
     else:
         raise ValueError(f"{m['id']}: unsupported scenario {scenario}")
     return [
-        Comparison(m["id"], m["engine"], metric, float(value), predicted[metric])
+        Comparison(m["id"], m["engine"], m["gpu"], metric, float(value), predicted[metric])
         for metric, value in (m.get("measured") or {}).items()
         if value is not None and metric in predicted
     ]
@@ -131,19 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         with open(args.csv, "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["measurement", "engine", "metric", "measured", "predicted", "abs_pct_error"])
+            writer.writerow(["measurement", "engine", "gpu", "metric", "measured", "predicted", "abs_pct_error"])
             for c in comparisons:
-                writer.writerow([c.measurement_id, c.engine, c.metric, c.measured, f"{c.predicted:.6g}",
+                writer.writerow([c.measurement_id, c.engine, c.gpu, c.metric, c.measured, f"{c.predicted:.6g}",
                                  f"{c.abs_pct_error:.2f}"])
     print(f"accuracy vs {len(load_measurements())} published measurements ({len(comparisons)} figures), "
           f"command: .venv/bin/python benchmarks/accuracy.py")
     for name, (error, count) in median_errors(comparisons).items():
         print(f"  median absolute % error, {name:<40} {error:6.1f}%  (n={count})")
-    by_engine: dict[str, list[float]] = {}
-    for c in comparisons:
-        by_engine.setdefault(c.engine, []).append(c.abs_pct_error)
-    for engine, errors in sorted(by_engine.items()):
-        print(f"  median absolute % error, engine {engine:<33} {statistics.median(errors):6.1f}%  (n={len(errors)})")
+    for label, key in (("engine", "engine"), ("GPU", "gpu")):
+        groups: dict[str, list[float]] = {}
+        for c in comparisons:
+            groups.setdefault(getattr(c, key), []).append(c.abs_pct_error)
+        for name, errors in sorted(groups.items()):
+            print(f"  median absolute % error, {label} {name:<{39 - len(label)}} "
+                  f"{statistics.median(errors):6.1f}%  (n={len(errors)})")
+    nvidia = [c for c in comparisons if c.gpu != "MI300X" and c.engine != "sglang"]
+    for name, (error, count) in median_errors(nvidia).items():
+        print(f"  NVIDIA GPUs with vLLM/TensorRT-LLM/NIM only, {name:<24} {error:6.1f}%  (n={count})")
     return 0
 
 

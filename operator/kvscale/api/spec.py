@@ -274,7 +274,7 @@ class LLMDeploymentSpec(ApiModel):
             ge=0,
             le=1000,
             description="Manual replica count used when scaling.mode is Off, and the target of "
-            "kubectl scale / HPA (the scale subresource's spec.replicas).",
+            "kubectl scale / HPA (the scale subresource's spec.replicas; its GET answers once this is set).",
         ),
     ] = None
 
@@ -310,8 +310,10 @@ def _describe(error: ValidationError) -> str:
 
 def parse_resource(document: dict[str, Any]) -> LLMDeployment:
     """Validate a resource dict; errors name each field (e.g. `spec.slo.ttftMs`) and what is allowed."""
+    # A live object carries a status the operator writes; the spec is what is validated here.
+    desired = {key: value for key, value in document.items() if key != "status"}
     try:
-        return LLMDeployment.model_validate(document)
+        return LLMDeployment.model_validate(desired)
     except ValidationError as exc:
         raise InvalidSpecError(f"invalid {KIND}: {_describe(exc)}") from exc
 

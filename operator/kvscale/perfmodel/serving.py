@@ -19,7 +19,7 @@ from kvscale.perfmodel.replica import ReplicaModel
 Array = NDArray[np.float64]
 _FIXED_POINT_ITERATIONS = 40
 _FIXED_POINT_TOLERANCE = 1e-2  # sequences
-_BISECTION_ITERATIONS = 20
+_BISECTION_ITERATIONS = 24
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,9 @@ def _prefill_capacity_rate(model: ReplicaModel, shape: RequestShape, running: Ar
 
 
 def _own_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Array:
-    """A prompt's own prefill: its chunks, at least one step."""
-    return np.maximum(1.0, np.ceil(shape.input_tokens / chunk)) * chunk_step
+    """A prompt's own prefill: its chunks, at least one step; the last partial chunk is charged in
+    proportion, which keeps latency continuous as the batch takes room from the token budget."""
+    return np.maximum(1.0, shape.input_tokens / chunk) * chunk_step
 
 
 def _tpot_quantile(mean: Array, decode: Array, chunk_step: Array, fraction: Array, shape: RequestShape,
@@ -122,13 +123,16 @@ def _sustained_running(model: ReplicaModel, shape: RequestShape, concurrency: Ar
     prefill_bound = decode_limited > prefill_limited
     if not np.any(prefill_bound):
         return concurrency
-    low, high = np.ones_like(concurrency), concurrency.copy()
-    for _ in range(_BISECTION_ITERATIONS):  # bisection: decode rate rises, prefill rate falls with n
+    # Bisect over a range that does not depend on the offered concurrency, so every prefill-bound
+    # concurrency settles on the very same batch.
+    low = np.ones_like(concurrency)
+    high = np.full_like(concurrency, float(model.setup.token_budget))
+    for _ in range(_BISECTION_ITERATIONS):  # decode rate rises, prefill rate falls with n
         mid = (low + high) / 2.0
         d, p = _closed_loop_rates(model, shape, mid)
         below = d < p
         low, high = np.where(below, mid, low), np.where(below, high, mid)
-    return np.where(prefill_bound, low, concurrency)
+    return np.where(prefill_bound, np.minimum(low, concurrency), concurrency)
 
 
 def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrency: ArrayLike,

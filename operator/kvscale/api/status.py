@@ -1,0 +1,245 @@
+"""`LLMDeployment.status`: what the operator planned, predicted, observed and decided.
+
+No `phase`: the state is told by typed conditions (Kubernetes API conventions), each with a
+CamelCase reason and the generation it was computed for. Field docs become the CRD's descriptions.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import AfterValidator, ConfigDict, Field
+
+from kvscale.api.base import ApiModel
+
+# metav1.Condition's own limits and patterns (k8s.io/apimachinery/pkg/apis/meta/v1/types.go).
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_MESSAGE_MAX_CHARS = 32768
+
+
+def _check_rfc3339(value: str) -> str:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise ValueError(f"not an RFC 3339 time: {value!r}") from exc
+    if parsed.tzinfo is None or "T" not in value:
+        raise ValueError(f"not an RFC 3339 time (needs a date, a 'T' and a zone): {value!r}")
+    return value
+
+
+Rfc3339 = Annotated[str, AfterValidator(_check_rfc3339), Field(json_schema_extra={"format": "date-time"})]
+"""A timestamp as Kubernetes writes it, e.g. 2025-01-31T12:00:00Z."""
+
+
+class StatusModel(ApiModel):
+    """Status values ignore unknown fields: a status written by a newer operator (or kopf's own
+    `status.kopf` bookkeeping) must still be readable."""
+
+    model_config = ApiModel.model_config | ConfigDict(extra="ignore")
+
+
+class ConditionStatus(StrEnum):
+    """Whether a condition holds: True, False or Unknown."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(StatusModel):
+    """One aspect of the resource's state, following the Kubernetes condition conventions."""
+
+    type: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=316,
+            pattern=CONDITION_TYPE_PATTERN,
+            description="Condition type in CamelCase: Planned, Ready, Infeasible, InsufficientCapacity, "
+            "MetricsUnavailable or InvalidSpec.",
+        ),
+    ]
+    status: Annotated[ConditionStatus, Field(description="True, False or Unknown.")]
+    reason: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=1024,
+            pattern=CONDITION_REASON_PATTERN,
+            description="Machine-readable CamelCase cause of the last transition.",
+        ),
+    ]
+    message: Annotated[
+        str, Field(max_length=CONDITION_MESSAGE_MAX_CHARS, description="Human-readable details.")
+    ] = ""
+    last_transition_time: Annotated[
+        Rfc3339, Field(description="When the status last changed (RFC 3339); unchanged while it holds.")
+    ]
+    observed_generation: Annotated[
+        int | None,
+        Field(ge=0, description="metadata.generation of the spec this condition was computed from."),
+    ] = None
+
+
+class PlanStatus(StatusModel):
+    """The planner's choice for the current spec (empty GPU fields when no plan is feasible)."""
+
+    feasible: Annotated[bool, Field(description="True when a configuration meets both SLOs within maxReplicas.")]
+    gpu_type: Annotated[str | None, Field(description="Chosen GPU type from the catalog, e.g. H100-SXM.")] = None
+    tensor_parallel: Annotated[
+        int | None, Field(ge=1, description="GPUs per replica (vLLM --tensor-parallel-size).")
+    ] = None
+    max_num_seqs: Annotated[
+        int | None, Field(ge=1, description="Concurrent sequences per replica (vLLM --max-num-seqs).")
+    ] = None
+    max_model_len: Annotated[
+        int | None, Field(ge=1, description="Longest prompt+output per request, tokens (vLLM --max-model-len).")
+    ] = None
+    gpu_memory_utilization: Annotated[
+        float | None, Field(gt=0, le=1, description="Fraction of GPU memory the engine may use.")
+    ] = None
+    replicas: Annotated[int, Field(ge=0, description="Replicas the plan needs for the workload's rate.")] = 0
+    gpus: Annotated[int, Field(ge=0, description="GPUs in total: replicas x tensorParallel.")] = 0
+    cost_per_hour: Annotated[
+        float | None, Field(ge=0, description="Price of the planned fleet, USD per hour.")
+    ] = None
+    tokens_per_dollar: Annotated[
+        float | None, Field(ge=0, description="SLO-compliant output tokens per dollar at each replica's goodput.")
+    ] = None
+    binding_constraint: Annotated[
+        str,
+        Field(
+            description="What limits the plan: tpot, ttft, memory, throughput, cost, or replicas "
+            "(infeasible within maxReplicas)."
+        ),
+    ] = ""
+    explanation: Annotated[str, Field(description="Why this configuration, or why none works.")] = ""
+
+
+class PredictedStatus(StatusModel):
+    """The performance model's forecast for the plan at the workload's rate (at spec.slo.percentile)."""
+
+    ttft_ms: Annotated[float, Field(ge=0, description="Predicted time to first token, ms.")]
+    tpot_ms: Annotated[float, Field(ge=0, description="Predicted time per output token, ms.")]
+    output_tokens_per_s: Annotated[float, Field(ge=0, description="Predicted fleet output rate, tokens/s.")]
+    output_tokens_per_s_per_gpu: Annotated[
+        float, Field(ge=0, description="Predicted output rate per GPU, tokens/s.")
+    ]
+
+
+class ObservedStatus(StatusModel):
+    """What the serving pods reported to Prometheus in the last sample (absent metrics stay empty)."""
+
+    ttft_p95_ms: Annotated[float | None, Field(ge=0, description="Observed p95 time to first token, ms.")] = None
+    tpot_p95_ms: Annotated[float | None, Field(ge=0, description="Observed p95 time per output token, ms.")] = None
+    requests_per_second: Annotated[
+        float | None, Field(ge=0, description="Observed arrival rate over all replicas, requests/s.")
+    ] = None
+    kv_cache_usage: Annotated[
+        float | None, Field(ge=0, le=1, description="Mean KV-cache fill over replicas, 0 to 1.")
+    ] = None
+    running_requests: Annotated[
+        float | None, Field(ge=0, description="Requests being decoded, summed over replicas.")
+    ] = None
+    waiting_requests: Annotated[
+        float | None, Field(ge=0, description="Requests queued, summed over replicas.")
+    ] = None
+    sampled_at: Annotated[Rfc3339, Field(description="When the metrics were sampled (RFC 3339).")]
+
+
+class CalibrationStatus(StatusModel):
+    """Correction factors fitted from observations; multiply the model's predicted step times."""
+
+    decode_factor: Annotated[float, Field(gt=0, description="Observed / predicted decode step time.")]
+    prefill_factor: Annotated[float, Field(gt=0, description="Observed / predicted prefill time.")]
+    ttft_error_pct: Annotated[
+        float | None, Field(description="Signed TTFT prediction error after calibration, percent.")
+    ] = None
+    tpot_error_pct: Annotated[
+        float | None, Field(description="Signed TPOT prediction error after calibration, percent.")
+    ] = None
+
+
+class ScaleDecisionStatus(StatusModel):
+    """The autoscaler's most recent change of the replica count (or recommendation, in Recommend mode)."""
+
+    time: Annotated[Rfc3339, Field(description="When the decision was made (RFC 3339).")]
+    from_replicas: Annotated[int, Field(ge=0, description="Replicas before the decision.")]
+    to_replicas: Annotated[int, Field(ge=0, description="Replicas the decision asked for.")]
+    reason: Annotated[str, Field(description="Why, in words (signal, value and threshold).")]
+
+
+class LLMDeploymentStatus(StatusModel):
+    """Observed state of an LLMDeployment, written only by the operator."""
+
+    observed_generation: Annotated[
+        int | None, Field(ge=0, description="metadata.generation of the spec the status reflects.")
+    ] = None
+    plan: Annotated[PlanStatus | None, Field(description="The planned configuration.")] = None
+    predicted: Annotated[
+        PredictedStatus | None, Field(description="Predicted latency and throughput of the plan.")
+    ] = None
+    observed: Annotated[ObservedStatus | None, Field(description="Latest metrics from the serving pods.")] = None
+    calibration: Annotated[
+        CalibrationStatus | None, Field(description="Performance-model corrections fitted from metrics.")
+    ] = None
+    replicas: Annotated[
+        int, Field(ge=0, description="Serving pods that exist now (the scale subresource's status.replicas).")
+    ] = 0
+    ready_replicas: Annotated[int, Field(ge=0, description="Serving pods that pass their readiness probe.")] = 0
+    desired_replicas: Annotated[
+        int | None, Field(ge=0, description="Replicas the operator wants now (plan, autoscaler or spec.replicas).")
+    ] = None
+    selector: Annotated[
+        str | None,
+        Field(description="Label selector of the serving pods, in string form, for the scale subresource (HPA)."),
+    ] = None
+    ttft_p95_ms: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="Headline TTFT, ms: observed p95 when metrics are available, else the planner's "
+            "prediction at spec.slo.percentile (the TTFT-p95 printer column).",
+        ),
+    ] = None
+    tpot_p95_ms: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="Headline TPOT, ms: observed p95 when metrics are available, else the planner's "
+            "prediction at spec.slo.percentile (the TPOT-p95 printer column).",
+        ),
+    ] = None
+    slo_met: Annotated[
+        bool | None, Field(description="Whether the observed latencies meet the SLOs; empty before metrics.")
+    ] = None
+    last_scale_decision: Annotated[
+        ScaleDecisionStatus | None, Field(description="The autoscaler's latest decision.")
+    ] = None
+    conditions: Annotated[
+        list[Condition],
+        Field(
+            description="Planned, Ready, Infeasible, InsufficientCapacity, MetricsUnavailable and "
+            "InvalidSpec, one entry per type.",
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        ),
+    ] = Field(default_factory=list)
+
+
+def headline_latencies_ms(
+    observed: ObservedStatus | None, predicted: PredictedStatus | None
+) -> tuple[float | None, float | None]:
+    """(TTFT, TPOT) for the printer columns: each observed value when present, else the prediction."""
+    ttft = observed.ttft_p95_ms if observed is not None else None
+    tpot = observed.tpot_p95_ms if observed is not None else None
+    if ttft is None and predicted is not None:
+        ttft = predicted.ttft_ms
+    if tpot is None and predicted is not None:
+        tpot = predicted.tpot_ms
+    return ttft, tpot

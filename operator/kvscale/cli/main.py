@@ -31,6 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--kv-cache-dtype", choices=[k.value for k in KvCacheDtype], default="auto")
     predict.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     predict.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    run = sub.add_parser("run", help="run the operator against the current kubeconfig")
+    run.add_argument("-n", "--namespace", action="append", default=[],
+                     help="watch only this namespace (repeatable); default: all namespaces")
+    run.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+    run.add_argument("--scan-interval", type=float, default=30.0, help="seconds between full resyncs")
+    run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                     help="kopf liveness endpoint URL ('' to disable)")
+    run.add_argument("--log-format", choices=("plain", "full", "json"), default="json")
+    run.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
@@ -41,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kvscale.cli.plan_cmd import run_plan
 
             return run_plan(args)
+        if args.command == "run":
+            from kvscale.cli.run_cmd import run_operator_command
+
+            return run_operator_command(args)
         if args.command == "predict":
             from kvscale.cli.predict_cmd import run_predict
 

@@ -1,0 +1,186 @@
+"""The scaling policy: a pure function from what is observed to how many replicas to run, and why.
+
+    decide(observation, context, history, now_s) -> ScaleDecision
+
+Demand (requests/s × tokens) is set against each replica's calibrated goodput at the SLOs, with
+headroom; breaches of the observed p95 TTFT/TPOT or a growing queue add replicas. Scale-up is fast
+(its stabilization window defaults to zero) and bounded per step; scale-down waits for its window and
+then steps down gently. Missing, stale or implausible metrics never scale down. The operator (in Auto
+or Recommend mode) and the simulator call this same function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from kvscale.api.spec import LLMDeploymentSpec
+from kvscale.autoscaler.calibration import Calibration
+from kvscale.autoscaler.signals import Observation, check_observation
+from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
+from kvscale.units import ms_to_s
+
+MAX_SCALE_UP_STEP = 4  # HPA's default: at most 4 pods or 100% more per decision, whichever is larger
+MAX_SCALE_DOWN_FRACTION = 0.25  # at most a quarter fewer per decision (and at least one)
+QUEUE_DRAIN_S = 30.0  # replicas are added so that the waiting queue drains within this time
+METRICS_MAX_AGE_S = 120.0
+HISTORY_LIMIT_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class ReplicaContext:
+    """What the policy needs to know about one deployment besides its load."""
+
+    spec: LLMDeploymentSpec
+    setup: ServingSetup  # the planned configuration of one replica (TP, GPU, precision, ...)
+    max_num_seqs: int
+    kv_cache_tokens: int
+    current_replicas: int  # desired replicas now (the Deployment's spec.replicas)
+    ready_replicas: int
+    free_replica_slots: int | None  # how many more replicas the free GPUs of that type hold; None: unknown
+    calibration: Calibration = field(default_factory=Calibration)
+
+
+@dataclass(frozen=True)
+class ScalingHistory:
+    """Past recommendations (time_s, replicas), newest last, for the stabilization windows."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()
+    started_at_s: float | None = None  # when this history began (after a restart, nothing older is known)
+
+    def add(self, now_s: float, replicas: int) -> ScalingHistory:
+        kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
+        return replace(self, recommendations=(*kept, (now_s, replicas)),
+                       started_at_s=self.started_at_s if self.started_at_s is not None else now_s)
+
+    def within(self, now_s: float, window_s: float) -> list[int]:
+        return [r for t, r in self.recommendations if now_s - t <= window_s]
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """The policy's answer: the replicas to run, the raw recommendation, and why (in numbers)."""
+
+    desired_replicas: int
+    recommended_replicas: int
+    reason: str
+    action: str  # scale-up, scale-down, hold
+    binding: str  # demand, ttft, tpot, queue, min-replicas, max-replicas, capacity, metrics, stabilization
+    metrics_problem: str | None = None
+    capacity_limited: bool = False
+    goodput_requests_per_s: float | None = None  # per replica, calibrated
+    history: ScalingHistory = field(default_factory=ScalingHistory)
+
+
+def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
+    """Requests/s one replica sustains with both SLOs held, under the calibrated model."""
+    setup = replace(context.setup, efficiency=context.calibration.efficiency(context.setup.efficiency))
+    model = build_replica_model(setup)
+    slots = min(context.max_num_seqs,
+                max(1, int(context.kv_cache_tokens // max(shape.input_tokens + shape.output_tokens, 1.0))))
+    slo = context.spec.slo
+    goodput = estimate_goodput(model, shape, np.array([slots], dtype=np.float64), ms_to_s(slo.ttft_ms),
+                               ms_to_s(slo.tpot_ms), slo.percentile / 100.0)
+    return float(goodput.request_rate[0])
+
+
+def _shape(observation: Observation, spec: LLMDeploymentSpec) -> RequestShape:
+    """The observed request shape, falling back to the spec's expectation where a window saw nothing."""
+    inputs = observation.mean_input_tokens or spec.workload.input_tokens
+    outputs = observation.mean_output_tokens or spec.workload.output_tokens
+    return RequestShape(float(max(inputs, 1.0)), float(max(outputs, 1.0)))
+
+
+def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem: str) -> ScaleDecision:
+    current = context.current_replicas
+    return ScaleDecision(desired_replicas=current, recommended_replicas=current, reason=reason, action="hold",
+                         binding="metrics", metrics_problem=problem, history=history)
+
+
+def _recommend(observation: Observation, context: ReplicaContext, goodput: float) -> tuple[int, str, list[str]]:
+    """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows."""
+    spec = context.spec
+    current = max(context.current_replicas, 1)
+    demand = observation.request_rate or 0.0
+    waiting = observation.waiting_requests or 0.0
+    # Arrivals are finished requests plus what is piling up in the queue.
+    arrival = demand + waiting / QUEUE_DRAIN_S
+    wanted = math.ceil(arrival * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
+    binding = "demand"
+    reasons = [f"demand {arrival:.2f} req/s x {1 + spec.scaling.headroom:.2f} headroom over calibrated goodput "
+               f"{goodput:.2f} req/s per replica -> {wanted}"]
+    breaches = []
+    p = f"p{spec.slo.percentile:g}"
+    if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms:
+        ttft_ms = observation.ttft_s * 1000.0
+        breaches.append(("ttft", ttft_ms / spec.slo.ttft_ms, f"{p} TTFT {ttft_ms:.0f} ms > SLO {spec.slo.ttft_ms:g}"))
+    if observation.tpot_s is not None and observation.tpot_s * 1000.0 > spec.slo.tpot_ms:
+        tpot_ms = observation.tpot_s * 1000.0
+        breaches.append(("tpot", tpot_ms / spec.slo.tpot_ms, f"{p} TPOT {tpot_ms:.1f} ms > SLO {spec.slo.tpot_ms:g}"))
+    if breaches:
+        name, ratio, text = max(breaches, key=lambda b: b[1])
+        corrected = max(current + 1, math.ceil(current * min(ratio, 2.0)))
+        if corrected > wanted:
+            wanted, binding = corrected, name
+        reasons.append(text)
+    per_replica_queue = waiting / current
+    if per_replica_queue > max(1.0, 0.1 * context.max_num_seqs):
+        drain = current + math.ceil(waiting / max(goodput * QUEUE_DRAIN_S, 1e-9))
+        if drain > wanted:
+            wanted, binding = drain, "queue"
+        reasons.append(f"{waiting:.0f} requests waiting")
+    return wanted, binding, reasons
+
+
+def decide(observation: Observation | None, context: ReplicaContext, history: ScalingHistory,
+           now_s: float) -> ScaleDecision:
+    spec = context.spec
+    problem = check_observation(observation, now_s, METRICS_MAX_AGE_S)
+    if problem is not None or observation is None:
+        text = problem or "no metrics"
+        return _hold(context, history, f"holding {context.current_replicas} replicas: {text}", text)
+
+    shape = _shape(observation, spec)
+    goodput = replica_goodput(context, shape)
+    wanted, binding, reasons = _recommend(observation, context, goodput)
+    low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
+    recommended = min(max(wanted, low), high)
+    if recommended != wanted:
+        binding = "min-replicas" if wanted < low else "max-replicas"
+        reasons.append(f"bounded to [{low}, {high}]")
+    history = history.add(now_s, recommended)
+
+    current = context.current_replicas
+    desired = recommended
+    if recommended > current:
+        window = history.within(now_s, spec.scaling.scale_up_stabilization_seconds)
+        desired = max(current, min(window))  # HPA: the lowest recommendation of the up-window
+        desired = min(desired, current + max(MAX_SCALE_UP_STEP, current))
+    elif recommended < current:
+        window = history.within(now_s, spec.scaling.scale_down_stabilization_seconds)
+        known_since = history.started_at_s if history.started_at_s is not None else now_s
+        if now_s - known_since < spec.scaling.scale_down_stabilization_seconds:
+            desired = current  # after a restart, a full window must be seen before scaling down
+        else:
+            desired = min(current, max(window))  # HPA: the highest recommendation of the down-window
+        desired = max(desired, current - max(1, math.floor(current * MAX_SCALE_DOWN_FRACTION)))
+        if desired == current:
+            binding = "stabilization"
+            reasons.append(f"scale-down waits for the {spec.scaling.scale_down_stabilization_seconds} s window")
+
+    capacity_limited = False
+    if desired > current and context.free_replica_slots is not None:
+        room = current + context.free_replica_slots
+        if desired > room:
+            desired, capacity_limited, binding = max(room, current), True, "capacity"
+            gpu = context.setup.gpu.name
+            reasons.append(f"only {context.free_replica_slots} more replica(s) fit on free {gpu} GPUs")
+
+    action = "scale-up" if desired > current else "scale-down" if desired < current else "hold"
+    verb = {"scale-up": "scale up", "scale-down": "scale down", "hold": "hold"}[action]
+    reason = f"{verb} {current} -> {desired}: " + "; ".join(reasons)
+    return ScaleDecision(desired_replicas=desired, recommended_replicas=recommended, reason=reason, action=action,
+                         binding=binding, capacity_limited=capacity_limited, goodput_requests_per_s=goodput,
+                         history=history)

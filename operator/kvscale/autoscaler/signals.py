@@ -1,0 +1,68 @@
+"""What the autoscaler sees of a deployment's live load, and whether it can be trusted."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Beyond these a reading is a broken exporter or query, not load.
+MAX_PLAUSIBLE_LATENCY_S = 3600.0
+MAX_PLAUSIBLE_REQUEST_RATE = 1e6
+MAX_PLAUSIBLE_TOKENS = 1e7
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One deployment's load, aggregated over its serving pods, sampled at `sampled_at_s` (epoch s).
+
+    Rates are per second over the query window; latencies are at the SLO percentile. None means the
+    series was absent (no pods scraped, or no requests finished in the window for histograms).
+    """
+
+    sampled_at_s: float
+    pods_scraped: int
+    request_rate: float | None  # finished requests/s
+    mean_input_tokens: float | None
+    mean_output_tokens: float | None
+    running_requests: float | None
+    waiting_requests: float | None
+    kv_cache_usage: float | None  # 0..1, mean over pods
+    ttft_s: float | None  # at the SLO percentile
+    tpot_s: float | None  # at the SLO percentile (inter-token latency)
+    preemption_rate: float | None = None  # preemptions/s
+
+
+class ObservationProblem(str):
+    """Why an observation cannot be used (its text goes into the MetricsUnavailable condition)."""
+
+
+def _bad(value: float | None, upper: float) -> bool:
+    return value is not None and (math.isnan(value) or math.isinf(value) or value < 0 or value > upper)
+
+
+def check_observation(observation: Observation | None, now_s: float, max_age_s: float) -> ObservationProblem | None:
+    """None when the observation is fresh and plausible; otherwise what is wrong with it."""
+    if observation is None:
+        return ObservationProblem("no metrics: Prometheus returned nothing for this deployment")
+    age = now_s - observation.sampled_at_s
+    if age > max_age_s:
+        return ObservationProblem(f"metrics are stale: sampled {age:.0f} s ago (limit {max_age_s:.0f} s)")
+    if observation.pods_scraped == 0:
+        return ObservationProblem("no serving pod is being scraped")
+    if observation.request_rate is None or observation.running_requests is None or observation.waiting_requests is None:
+        return ObservationProblem("vLLM request metrics are missing (request rate, running or waiting requests)")
+    checks = (
+        ("request rate", observation.request_rate, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("running requests", observation.running_requests, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("waiting requests", observation.waiting_requests, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("mean input tokens", observation.mean_input_tokens, MAX_PLAUSIBLE_TOKENS),
+        ("mean output tokens", observation.mean_output_tokens, MAX_PLAUSIBLE_TOKENS),
+        ("KV-cache usage", observation.kv_cache_usage, 1.5),
+        ("TTFT", observation.ttft_s, MAX_PLAUSIBLE_LATENCY_S),
+        ("TPOT", observation.tpot_s, MAX_PLAUSIBLE_LATENCY_S),
+        ("preemption rate", observation.preemption_rate, MAX_PLAUSIBLE_REQUEST_RATE),
+    )
+    for name, value, upper in checks:
+        if _bad(value, upper):
+            return ObservationProblem(f"implausible {name}: {value}")
+    return None

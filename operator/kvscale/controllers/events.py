@@ -1,0 +1,20 @@
+"""The catalogue of Event reasons kvscale emits, one per kind of decision."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class EventReason(StrEnum):
+    PLANNED = "Planned"
+    INFEASIBLE = "Infeasible"
+    INVALID_SPEC = "InvalidSpec"
+    DEPLOYMENT_CREATED = "DeploymentCreated"
+    DEPLOYMENT_UPDATED = "DeploymentUpdated"
+    DRIFT_CORRECTED = "DriftCorrected"
+    SERVICE_CREATED = "ServiceCreated"
+    NAME_CONFLICT = "NameConflict"
+    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    CAPACITY_AVAILABLE = "CapacityAvailable"
+    SCALED = "Scaled"
+    RECONCILE_FAILED = "ReconcileFailed"

@@ -1,0 +1,150 @@
+"""kopf wiring: watch LLMDeployments and the Deployments kvscale owns, and resync on an interval.
+
+Reconciliation is by level: every trigger re-reads the resource and runs the same idempotent
+reconcile. kvscale registers no change handlers, timers or daemons, so kopf keeps no progress in the
+objects and adds no finalizers: a restart over unchanged resources writes nothing, and deleting a
+resource never waits for the operator (owner references remove its Deployment and Service).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from kvscale.api.spec import API_GROUP, API_VERSION, KIND
+from kvscale.controllers.reconcile import Outcome, Reconciler
+from kvscale.kube.cluster import PLURAL, Cluster
+
+log = logging.getLogger("kvscale.operator")
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kvscale"}
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    scan_interval_s: float = 30.0
+    kubeconfig: str | None = None
+
+
+@dataclass
+class OperatorState:
+    """What the handlers share: the cluster client, one lock per resource, counters for probes."""
+
+    config: OperatorConfig
+    cluster: Cluster | None = None
+    locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    reconciles: int = 0
+    failures: int = 0
+    writes: int = 0
+
+    def _lock(self, key: tuple[str, str]) -> threading.Lock:
+        with self.guard:
+            return self.locks.setdefault(key, threading.Lock())
+
+    def reconcile(self, namespace: str, name: str) -> Outcome | None:
+        """Re-read the resource and reconcile it; never raises (a failure is logged and retried later)."""
+        if self.cluster is None:
+            return None
+        with self._lock((namespace, name)):
+            try:
+                body = self.cluster.get_llmdeployment(namespace, name)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    return None
+                outcome = Reconciler(self.cluster).reconcile(body, datetime.now(UTC))
+            except Exception:  # the operator must outlive any one resource's failure
+                self.failures += 1
+                log.exception("reconcile of %s/%s failed; will retry on the next event or resync", namespace, name)
+                return None
+            self.reconciles += 1
+            self.writes += len(outcome.writes)
+            if outcome.writes:
+                log.info("reconciled %s/%s: %s", namespace, name, ", ".join(outcome.writes))
+            return outcome
+
+    def resync(self) -> None:
+        if self.cluster is None:
+            return
+        try:
+            bodies = self.cluster.list_llmdeployments(self.config.namespaces)
+        except Exception:
+            log.exception("listing LLMDeployments failed; will retry")
+            return
+        for body in bodies:
+            self.reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+def _owner_name(body: Mapping[str, Any]) -> str | None:
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{API_GROUP}/"):
+            return str(ref["name"])
+    return None
+
+
+def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, OperatorState]:
+    """A fresh kopf registry with kvscale's handlers (fresh, so several operators can run in one process)."""
+    registry = kopf.OperatorRegistry()
+    state = OperatorState(config=config)
+    resync_task: dict[str, asyncio.Task[None]] = {}
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A fresh registry has none of kopf's default login handlers: authenticate the way the
+        # official client does (KUBECONFIG, ~/.kube/config, or the in-cluster service account).
+        info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
+        return info
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig)
+
+        async def resync_forever() -> None:
+            while True:
+                await asyncio.sleep(config.scan_interval_s)
+                await asyncio.to_thread(state.resync)
+
+        resync_task["task"] = asyncio.create_task(resync_forever())
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        task = resync_task.pop("task", None)
+        if task is not None:
+            task.cancel()
+
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    def on_llmdeployment(type: str, namespace: str | None, name: str, **_: Any) -> None:
+        if type != "DELETED" and namespace:
+            state.reconcile(namespace, name)
+
+    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY, registry=registry)
+    def on_owned_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        owner = _owner_name(body)
+        if owner is not None and namespace:  # drift, readiness and deletion of what kvscale owns
+            state.reconcile(namespace, owner)
+
+    @kopf.on.probe(id="reconciles", registry=registry)
+    def probe_reconciles(**_: Any) -> dict[str, int]:
+        return {"reconciles": state.reconciles, "failures": state.failures, "writes": state.writes}
+
+    return registry, state
+
+
+def run_operator(config: OperatorConfig, liveness_endpoint: str | None) -> None:
+    """Run until interrupted (the `kvscale run` command)."""
+    registry, _ = build_registry(config)
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
+        liveness_endpoint=liveness_endpoint,
+    )

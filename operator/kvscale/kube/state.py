@@ -1,0 +1,99 @@
+"""Pure reading of live objects: ownership, drift of the pod template, GPU capacity of the nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from kvscale.catalog.gpus import GpuSpec
+from kvscale.kube.builders import PRODUCT_LABEL_KEYS
+
+
+def is_owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
+
+
+def _same_quantity(desired: Any, live: Any) -> bool:
+    try:
+        return bool(parse_quantity(str(desired)) == parse_quantity(str(live)))
+    except ValueError:
+        return str(desired) == str(live)
+
+
+def _is_empty(value: Any) -> bool:
+    return isinstance(value, Mapping | list) and not value
+
+
+def is_subset(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
+    """Whether every field kvscale sets has the same value live (the server may add defaults).
+
+    Maps compare key by key, lists element by element and in full length, quantities under
+    `resources` by value ("1000m" == "1").
+    """
+    if isinstance(desired, Mapping):
+        if not isinstance(live, Mapping):
+            return False
+        # The apiserver drops empty lists and maps: absent and empty are the same there.
+        return all(is_subset(v, live[k], (*path, str(k))) if k in live else _is_empty(v) for k, v in desired.items())
+    if isinstance(desired, Sequence) and not isinstance(desired, str):
+        if not isinstance(live, Sequence) or isinstance(live, str) or len(desired) != len(live):
+            return False
+        return all(is_subset(d, item, path) for d, item in zip(desired, live, strict=True))
+    if "resources" in path and isinstance(desired, str):
+        return _same_quantity(desired, live)
+    return bool(desired == live)
+
+
+def template_drifted(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """True when the live Deployment's pod template, labels or owner differ from what kvscale builds."""
+    return not (
+        is_subset(desired["spec"]["template"], live.get("spec", {}).get("template", {}))
+        and is_subset(desired["spec"]["selector"], live.get("spec", {}).get("selector", {}))
+        and is_subset(desired["metadata"].get("labels", {}), live.get("metadata", {}).get("labels", {}))
+        and is_subset(desired["spec"].get("strategy", {}), live.get("spec", {}).get("strategy", {}))
+    )
+
+
+@dataclass(frozen=True)
+class GpuCapacity:
+    """Allocatable GPUs of one product in the cluster, counted from Ready, schedulable nodes."""
+
+    product_label: str
+    nodes: int
+    gpus: int
+    replica_slots: int  # replicas of `tensor_parallel` GPUs that fit, one replica per node at most its GPUs
+
+
+def _node_ready(node: Mapping[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def count_gpu_capacity(nodes: Iterable[Mapping[str, Any]], gpu: GpuSpec, tensor_parallel: int) -> GpuCapacity:
+    key = PRODUCT_LABEL_KEYS.get(gpu.resource_name, f"{gpu.resource_name}.product")
+    count = gpus = slots = 0
+    for node in nodes:
+        labels = node.get("metadata", {}).get("labels") or {}
+        if labels.get(key) != gpu.product_label or node.get("spec", {}).get("unschedulable"):
+            continue
+        if not _node_ready(node):
+            continue
+        allocatable = (node.get("status", {}).get("allocatable") or {}).get(gpu.resource_name, "0")
+        per_node = int(Decimal(parse_quantity(allocatable)))
+        count += 1
+        gpus += per_node
+        slots += per_node // max(tensor_parallel, 1)
+    return GpuCapacity(product_label=gpu.product_label, nodes=count, gpus=gpus, replica_slots=slots)
+
+
+def replica_counts(live: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(current, ready) replicas of a live Deployment; (0, 0) when there is none."""
+    if not live:
+        return 0, 0
+    status = live.get("status") or {}
+    return int(status.get("replicas") or 0), int(status.get("readyReplicas") or 0)

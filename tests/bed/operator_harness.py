@@ -1,0 +1,100 @@
+"""Run the kvscale operator in-process (a kopf operator in a thread) against the bed, and read objects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+from bedkit import Kube, wait_until
+
+from kvscale.controllers.operator import OperatorConfig, OperatorState, build_registry
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CRD = REPO_ROOT / "crds" / "llmdeployments.kvscale.dev.yaml"
+
+
+@dataclass
+class RunningOperator:
+    state: OperatorState
+    stop: threading.Event
+    thread: threading.Thread
+
+
+def install_crd(kube: Kube) -> None:
+    kube.kubectl("apply", "-f", str(CRD), check=True)
+    kube.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.kvscale.dev", "--timeout=60s", check=True)
+
+
+@contextmanager
+def running_operator(kube: Kube, scan_interval_s: float = 2.0,
+                     namespaces: tuple[str, ...] = ()) -> Iterator[RunningOperator]:
+    os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's own login reads it
+    registry, state = build_registry(OperatorConfig(namespaces=namespaces, scan_interval_s=scan_interval_s,
+                                                    kubeconfig=str(kube.kubeconfig)))
+    stop, ready = threading.Event(), threading.Event()
+
+    def serve() -> None:
+        asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespaces,
+                                  namespaces=list(namespaces), stop_flag=stop, ready_flag=ready))
+
+    thread = threading.Thread(target=serve, name="kvscale-operator", daemon=True)
+    thread.start()
+    assert ready.wait(60), "operator did not become ready in 60 s"
+    wait_until(lambda: state.cluster is not None, 30, "operator startup")
+    try:
+        yield RunningOperator(state=state, stop=stop, thread=thread)
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def get(kube: Kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    result = kube.kubectl("get", kind, name, "-n", namespace, "-o", "json")
+    if result.returncode != 0:
+        if "NotFound" in result.stderr:
+            return None
+        raise AssertionError(f"kubectl get {kind} {name}: {result.stderr}")
+    found: dict[str, Any] = json.loads(result.stdout)
+    return found
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            return dict(item)
+    return None
+
+
+def wait_condition(kube: Kube, namespace: str, name: str, type_: str, status: str, timeout: float = 60,
+                   ) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        obj = get(kube, "llmd", namespace, name)
+        found = condition(obj, type_)
+        return obj if found and found["status"] == status else None
+
+    obj: dict[str, Any] = wait_until(check, timeout, f"{namespace}/{name} condition {type_}={status}")
+    return obj
+
+
+def events(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    result = kube.kubectl("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.name={name},involvedObject.kind=LLMDeployment", "-o", "json", check=True)
+    items: list[dict[str, Any]] = json.loads(result.stdout)["items"]
+    return items
+
+
+def container_args(deployment: dict[str, Any]) -> list[str]:
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]

@@ -1,0 +1,266 @@
+"""The operator on the real bed (issue 4's proof): examples, changes, bad input, capacity, restart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from bedkit import Kube, wait_until
+from operator_harness import (
+    RunningOperator,
+    condition,
+    container_args,
+    events,
+    flag,
+    get,
+    install_crd,
+    running_operator,
+    wait_condition,
+)
+
+from kvscale.api.spec import load_resource
+from kvscale.catalog import find_gpu
+from kvscale.planner import build_plan_inputs, plan_deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def operator(kube: Kube) -> Iterator[RunningOperator]:
+    install_crd(kube)
+    with running_operator(kube) as running:
+        yield running
+
+
+def apply(kube: Kube, namespace: str, document: dict[str, Any] | str) -> None:
+    text = document if isinstance(document, str) else yaml.safe_dump(document)
+    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=text)
+    assert result.returncode == 0, result.stderr
+
+
+def resource(path: Path, **spec_changes: Any) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(path.read_text())
+    for dotted, value in spec_changes.items():
+        node = document["spec"]
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return document
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_yields_the_planned_deployment_and_service(
+        kube: Kube, operator: RunningOperator, namespace: str, example: Path) -> None:
+    spec = load_resource(example).spec
+    plan = plan_deployment(build_plan_inputs(spec))
+    assert plan.chosen is not None
+    name = yaml.safe_load(example.read_text())["metadata"]["name"]
+    apply(kube, namespace, example.read_text())
+
+    llmd = wait_condition(kube, namespace, name, "Planned", "True")
+    deployment = wait_until(lambda: get(kube, "deployment", namespace, name), 60, "the Deployment")
+    service = wait_until(lambda: get(kube, "service", namespace, name), 60, "the Service")
+
+    args = container_args(deployment)
+    assert flag(args, "--tensor-parallel-size") == str(plan.chosen.tensor_parallel)
+    assert flag(args, "--max-num-seqs") == str(plan.chosen.max_num_seqs)
+    assert flag(args, "--max-model-len") == str(plan.chosen.max_model_len)
+    assert flag(args, "--gpu-memory-utilization").startswith("0.9")
+    pod = deployment["spec"]["template"]["spec"]
+    gpu = find_gpu(plan.chosen.gpu_type)
+    assert pod["containers"][0]["resources"]["limits"][gpu.resource_name] == str(plan.chosen.tensor_parallel)
+    assert gpu.product_label in pod["nodeSelector"].values()
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"])
+    assert deployment["spec"]["replicas"] == plan.chosen.replicas
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "LLMDeployment" and owner["uid"] == llmd["metadata"]["uid"]
+    assert service["spec"]["ports"][0]["port"] == 8000
+    assert service["metadata"]["ownerReferences"][0]["uid"] == llmd["metadata"]["uid"]
+    status = llmd["status"]
+    assert status["plan"]["gpuType"] == plan.chosen.gpu_type
+    assert status["predicted"]["tpotMs"] <= spec.slo.tpot_ms
+    assert status["observedGeneration"] == llmd["metadata"]["generation"]
+    reasons = {e["reason"] for e in events(kube, namespace, name)}
+    assert {"Planned", "DeploymentCreated"} <= reasons
+
+
+def test_pods_run_on_the_planned_gpu_nodes_and_ready_follows(
+        kube: Kube, operator: RunningOperator, namespace: str) -> None:
+    apply(kube, namespace, (ROOT / "examples/llama-3.1-70b-h100.yaml").read_text())
+    llmd = wait_condition(kube, namespace, "llama-70b", "Ready", "True", timeout=120)
+    assert llmd["status"]["readyReplicas"] == llmd["status"]["desiredReplicas"] >= 1
+    pods = json.loads(kube.kubectl("get", "pods", "-n", namespace, "-o", "json", check=True).stdout)["items"]
+    assert pods and all(p["spec"]["nodeName"].startswith("gpu-h100-") for p in pods)
+    assert condition(llmd, "InsufficientCapacity")["status"] == "False"
+
+
+def test_changing_the_slo_rolls_the_deployment_and_nothing_else(
+        kube: Kube, operator: RunningOperator, namespace: str) -> None:
+    path = ROOT / "examples/llama-3.1-70b-h100.yaml"
+    apply(kube, namespace, path.read_text())
+    wait_condition(kube, namespace, "llama-70b", "Planned", "True")
+    before = wait_until(lambda: get(kube, "deployment", namespace, "llama-70b"), 60, "the Deployment")
+    service_before = get(kube, "service", namespace, "llama-70b")
+    assert service_before is not None
+
+    changed = resource(path, **{"slo.tpotMs": 15})
+    expected = plan_deployment(build_plan_inputs(load_resource(path).spec.model_copy(update={
+        "slo": load_resource(path).spec.slo.model_copy(update={"tpot_ms": 15.0})})))
+    assert expected.chosen is not None
+    apply(kube, namespace, changed)
+
+    def rolled() -> dict[str, Any] | None:
+        deployment = get(kube, "deployment", namespace, "llama-70b")
+        return deployment if deployment and container_args(deployment) != container_args(before) else None
+
+    after = wait_until(rolled, 60, "new engine flags")
+    assert flag(container_args(after), "--max-num-seqs") == str(expected.chosen.max_num_seqs)
+    assert flag(container_args(after), "--tensor-parallel-size") == str(expected.chosen.tensor_parallel)
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    service_after = get(kube, "service", namespace, "llama-70b")
+    assert service_after is not None
+    assert service_after["metadata"]["resourceVersion"] == service_before["metadata"]["resourceVersion"]
+    assert "DeploymentUpdated" in {e["reason"] for e in events(kube, namespace, "llama-70b")}
+
+
+def test_drift_is_put_back(kube: Kube, operator: RunningOperator, namespace: str) -> None:
+    apply(kube, namespace, (ROOT / "examples/llama-3.1-8b-l4.yaml").read_text())
+    original = wait_until(lambda: get(kube, "deployment", namespace, "llama-8b-chat"), 60, "the Deployment")
+    edited = [*container_args(original)]
+    edited[edited.index("--max-num-seqs") + 1] = "7"
+    patch = {"spec": {"template": {"spec": {"containers": [{"name": original["spec"]["template"]["spec"][
+        "containers"][0]["name"], "args": edited}]}}}}
+    kube.kubectl("patch", "deployment", "llama-8b-chat", "-n", namespace, "--type", "strategic", "-p",
+                 json.dumps(patch), check=True)
+
+    def restored() -> bool:
+        deployment = get(kube, "deployment", namespace, "llama-8b-chat")
+        return deployment is not None and container_args(deployment) == container_args(original)
+
+    wait_until(restored, 60, "the operator to put the flags back")
+    assert "DriftCorrected" in {e["reason"] for e in events(kube, namespace, "llama-8b-chat")}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"slo.ttftMs": "fast"}, "spec.slo.ttftMs"),
+        ({"scaling.mode": "Sometimes"}, "spec.scaling.mode"),
+        ({"model.precision": "fp4"}, "spec.model.precision"),
+        ({"scaling.minReplicas": 9, "scaling.maxReplicas": 2}, "minReplicas"),
+    ],
+)
+def test_the_apiserver_rejects_bad_types_at_the_door(
+        kube: Kube, operator: RunningOperator, namespace: str, change: dict[str, Any], expected: str) -> None:
+    document = resource(ROOT / "examples/llama-3.1-8b-l4.yaml", **change)
+    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(document))
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert get(kube, "llmd", namespace, "llama-8b-chat") is None
+
+
+def test_semantic_errors_get_a_condition_and_event_and_others_keep_working(
+        kube: Kube, operator: RunningOperator, namespace: str) -> None:
+    base = ROOT / "examples/llama-3.1-8b-l4.yaml"
+    unknown = resource(base, **{"model.name": "acme/NoSuchModel-7B"})
+    unknown["metadata"]["name"] = "unknown-model"
+    too_wide = resource(base, **{"serving.tensorParallel": 16, "gpu.perNode": 8})
+    too_wide["metadata"]["name"] = "tp-too-wide"
+    impossible = resource(base, **{"slo.tpotMs": 1})
+    impossible["metadata"]["name"] = "impossible-slo"
+    for document in (unknown, too_wide, impossible):
+        apply(kube, namespace, document)
+
+    bad_model = wait_condition(kube, namespace, "unknown-model", "InvalidSpec", "True")
+    assert "not in the catalog" in condition(bad_model, "InvalidSpec")["message"]
+    wide = wait_condition(kube, namespace, "tp-too-wide", "Infeasible", "True")
+    assert "tensorParallel 16 exceeds 8 GPUs per node" in condition(wide, "Infeasible")["message"]
+    slo = wait_condition(kube, namespace, "impossible-slo", "Infeasible", "True")
+    assert "TPOT 1 ms unreachable: best is" in condition(slo, "Infeasible")["message"]
+    for name, reason in (("unknown-model", "InvalidSpec"), ("tp-too-wide", "Infeasible"),
+                         ("impossible-slo", "Infeasible")):
+        found = wait_until(lambda name=name: events(kube, namespace, name), 30, f"events of {name}")
+        assert reason in {e["reason"] for e in found}
+        assert get(kube, "deployment", namespace, name) is None
+
+    apply(kube, namespace, base.read_text())  # a good one after the bad ones
+    wait_condition(kube, namespace, "llama-8b-chat", "Planned", "True")
+    assert wait_until(lambda: get(kube, "deployment", namespace, "llama-8b-chat"), 60, "the good Deployment")
+    assert operator.thread.is_alive()
+
+
+def test_a_plan_bigger_than_the_cluster_sets_insufficient_capacity(
+        kube: Kube, operator: RunningOperator, namespace: str) -> None:
+    document = resource(ROOT / "examples/llama-3.1-70b-h100.yaml",
+                        **{"workload.requestsPerSecond": 150, "scaling.maxReplicas": 100})
+    apply(kube, namespace, document)
+    llmd = wait_condition(kube, namespace, "llama-70b", "InsufficientCapacity", "True")
+    message = condition(llmd, "InsufficientCapacity")["message"]
+    assert "NVIDIA-H100-80GB-HBM3" in message and "32 allocatable" in message
+    assert "InsufficientCapacity" in {e["reason"] for e in events(kube, namespace, "llama-70b")}
+
+
+def test_deletion_removes_what_it_owns_and_never_touches_what_it_does_not(
+        kube: Kube, operator: RunningOperator, namespace: str) -> None:
+    kube.kubectl("create", "deployment", "llama-8b-chat", "-n", namespace, "--image=someone/else:1", check=True)
+    foreign = get(kube, "deployment", namespace, "llama-8b-chat")
+    assert foreign is not None
+    apply(kube, namespace, (ROOT / "examples/llama-3.1-8b-l4.yaml").read_text())
+    conflicted = wait_condition(kube, namespace, "llama-8b-chat", "Ready", "False")
+    wait_until(lambda: condition(get(kube, "llmd", namespace, "llama-8b-chat"), "Ready")["reason"] == "NameConflict",
+               30, "NameConflict")
+    assert conflicted is not None
+    untouched = get(kube, "deployment", namespace, "llama-8b-chat")
+    assert untouched is not None and untouched["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]
+
+    apply(kube, namespace, (ROOT / "examples/llama-3.1-70b-h100.yaml").read_text())
+    wait_until(lambda: get(kube, "deployment", namespace, "llama-70b"), 60, "the owned Deployment")
+    kube.kubectl("delete", "llmd", "llama-70b", "-n", namespace, "--wait=true", check=True)
+    wait_until(lambda: get(kube, "deployment", namespace, "llama-70b") is None, 60, "garbage collection")
+    wait_until(lambda: get(kube, "service", namespace, "llama-70b") is None, 60, "garbage collection")
+    kube.kubectl("delete", "llmd", "llama-8b-chat", "-n", namespace, "--wait=true", check=True)
+    survivor = get(kube, "deployment", namespace, "llama-8b-chat")
+    assert survivor is not None and survivor["metadata"]["uid"] == foreign["metadata"]["uid"]
+
+
+def test_restarting_the_operator_writes_nothing_for_unchanged_resources(kube: Kube, namespace: str) -> None:
+    install_crd(kube)
+    names = []
+    with running_operator(kube, namespaces=(namespace,)) as first:
+        for path in EXAMPLES[:3]:
+            apply(kube, namespace, path.read_text())
+            names.append(yaml.safe_load(path.read_text())["metadata"]["name"])
+        for name in names:
+            wait_condition(kube, namespace, name, "Planned", "True")
+            wait_until(lambda name=name: get(kube, "deployment", namespace, name), 60, "the Deployment")
+        # Settled: a full resync pass that writes nothing.
+        wait_until(lambda: _quiet_pass(first), 60, "a resync with no writes")
+
+    def versions() -> dict[str, str]:
+        found = {}
+        for name in names:
+            for kind in ("llmd", "deployment", "service"):
+                obj = get(kube, kind, namespace, name)
+                assert obj is not None
+                found[f"{kind}/{name}"] = obj["metadata"]["resourceVersion"]
+        return found
+
+    before = versions()
+    with running_operator(kube, namespaces=(namespace,)) as second:
+        wait_until(lambda: second.state.reconciles >= 2 * len(names), 60, "two reconciles per resource")
+        assert second.state.writes == 0
+        assert second.state.failures == 0
+    assert versions() == before
+
+
+def _quiet_pass(operator: RunningOperator) -> bool:
+    writes = operator.state.writes
+    reconciles = operator.state.reconciles
+    operator.state.resync()
+    return operator.state.writes == writes and operator.state.reconciles > reconciles

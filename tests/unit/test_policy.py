@@ -1,0 +1,147 @@
+"""The scaling policy: fast up, slow and safe down, never on bad metrics; and calibration."""
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvscale.api.spec import load_resource
+from kvscale.autoscaler import (
+    Calibration,
+    Observation,
+    ReplicaContext,
+    ScalingHistory,
+    calibrate,
+    check_observation,
+    decide,
+)
+from kvscale.autoscaler.policy import replica_goodput
+from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency
+from kvscale.planner import build_plan_inputs, plan_deployment
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-70b-h100.yaml"
+NOW = 1_000_000.0
+
+
+def _context(current: int = 2, free: int | None = 10, **scaling: object) -> ReplicaContext:
+    spec = load_resource(EXAMPLE).spec
+    if scaling:
+        spec = spec.model_copy(update={"scaling": spec.scaling.model_copy(update=scaling)})
+    inputs = build_plan_inputs(spec)
+    chosen = plan_deployment(inputs).chosen
+    assert chosen is not None
+    setup = ServingSetup(inputs.arch, inputs.gpus[0], chosen.tensor_parallel, inputs.arch.native_precision)
+    return ReplicaContext(spec=spec, setup=setup, max_num_seqs=chosen.max_num_seqs,
+                          kv_cache_tokens=chosen.kv_cache_tokens, current_replicas=current, ready_replicas=current,
+                          free_replica_slots=free)
+
+
+def _load(rate: float, *, at: float = NOW, waiting: float = 0.0, ttft_s: float = 0.3, tpot_s: float = 0.02,
+          ) -> Observation:
+    return Observation(sampled_at_s=at, pods_scraped=2, request_rate=rate, mean_input_tokens=1024,
+                       mean_output_tokens=256, running_requests=10, waiting_requests=waiting, kv_cache_usage=0.3,
+                       ttft_s=ttft_s, tpot_s=tpot_s)
+
+
+def _goodput(context: ReplicaContext) -> float:
+    return replica_goodput(context, RequestShape(1024, 256))
+
+
+def test_replicas_match_demand_over_goodput_with_headroom() -> None:
+    context = _context(current=1)
+    goodput = _goodput(context)
+    decision = decide(_load(3.5 * goodput), context, ScalingHistory(), NOW)
+    assert decision.desired_replicas == math.ceil(3.5 * 1.1)
+    assert decision.action == "scale-up" and decision.binding == "demand"
+    assert "calibrated goodput" in decision.reason and "scale up 1 -> 4" in decision.reason
+
+
+def test_scale_up_is_immediate_but_bounded_per_step() -> None:
+    context = _context(current=1, max_replicas=50)
+    decision = decide(_load(40 * _goodput(context)), context, ScalingHistory(), NOW)
+    assert decision.recommended_replicas >= 40
+    assert decision.desired_replicas == 1 + 4  # at most 4 or 100% more per decision
+
+
+@pytest.mark.parametrize(
+    "observation",
+    [
+        None,
+        replace(_load(1.0), sampled_at_s=NOW - 600),
+        replace(_load(1.0), request_rate=float("nan")),
+        replace(_load(1.0), pods_scraped=0),
+        replace(_load(1.0), ttft_s=-1.0),
+        replace(_load(1.0), waiting_requests=None),
+    ],
+    ids=["missing", "stale", "nan", "no-pods", "negative", "absent-series"],
+)
+def test_bad_metrics_never_scale(observation: Observation | None) -> None:
+    context = _context(current=6, min_replicas=1)
+    decision = decide(observation, context, ScalingHistory(), NOW)
+    assert decision.desired_replicas == 6 and decision.action == "hold"
+    assert decision.metrics_problem and decision.binding == "metrics"
+    assert check_observation(observation, NOW, 120) is not None
+
+
+def test_scale_down_waits_for_the_window_then_steps_gently() -> None:
+    context = _context(current=8, scale_down_stabilization_seconds=300)
+    busy = ScalingHistory().add(NOW - 1000, 8)
+    early = decide(_load(0.1), context, busy.add(NOW - 200, 8), NOW)
+    assert early.desired_replicas == 8 and early.binding == "stabilization"
+    quiet = ScalingHistory().add(NOW - 1000, 8).add(NOW - 250, 1)
+    late = decide(_load(0.1), context, quiet, NOW)
+    assert late.action == "scale-down" and late.desired_replicas == 8 - 2  # a quarter at most per step
+
+
+def test_no_scale_down_right_after_a_restart() -> None:
+    context = _context(current=8, scale_down_stabilization_seconds=300)
+    decision = decide(_load(0.1), context, ScalingHistory(), NOW)  # empty history: the operator just started
+    assert decision.desired_replicas == 8
+
+
+def test_observed_breach_adds_replicas_even_when_demand_looks_fine() -> None:
+    context = _context(current=3)
+    decision = decide(_load(0.5, ttft_s=2.5), context, ScalingHistory(), NOW)  # SLO TTFT 1000 ms
+    assert decision.desired_replicas >= 4 and decision.binding == "ttft"
+    assert "TTFT 2500 ms > SLO 1000" in decision.reason
+
+
+def test_a_growing_queue_adds_replicas() -> None:
+    context = _context(current=2)
+    decision = decide(_load(0.5, waiting=400), context, ScalingHistory(), NOW)
+    assert decision.desired_replicas > 2 and decision.binding in ("queue", "demand")
+
+
+def test_free_gpus_cap_the_scale_up_and_say_so() -> None:
+    context = _context(current=2, free=1, max_replicas=50)
+    decision = decide(_load(20 * _goodput(context)), context, ScalingHistory(), NOW)
+    assert decision.desired_replicas == 3 and decision.capacity_limited and decision.binding == "capacity"
+
+
+def test_bounds_hold() -> None:
+    context = _context(current=2, min_replicas=2, max_replicas=3, scale_down_stabilization_seconds=0)
+    assert decide(_load(0.0), context, ScalingHistory().add(NOW - 10, 2), NOW).desired_replicas == 2
+    assert decide(_load(1000.0), context, ScalingHistory(), NOW).desired_replicas == 3
+
+
+def test_calibration_learns_a_slower_server_and_stays_bounded() -> None:
+    context = _context()
+    shape = RequestShape(1024, 256)
+    model = build_replica_model(context.setup)
+    predicted_tpot = float(estimate_at_concurrency(model, shape, 16.0).tpot_mean_s)
+    calibration = Calibration()
+    for _ in range(20):  # the real server decodes 1.5x slower than the defaults say
+        calibration = calibrate(calibration, context.setup, shape, 16.0, predicted_tpot * 1.5, None)
+    assert calibration.decode_factor < 1 / 1.5  # fixed per-step costs do not scale, so bandwidth falls more
+    efficiency = calibration.efficiency(context.setup.efficiency)
+    calibrated = build_replica_model(replace(context.setup, efficiency=efficiency))
+    tracked = float(estimate_at_concurrency(calibrated, shape, 16.0).tpot_mean_s)
+    assert tracked == pytest.approx(predicted_tpot * 1.5, rel=0.03)  # predictions now track the server
+    assert abs(calibration.tpot_error_pct or 0) < 5
+    slower = replace(context, calibration=calibration)
+    assert _goodput(slower) < _goodput(context)
+    wild = calibrate(Calibration(), context.setup, shape, 16.0, predicted_tpot * 100, None)
+    assert wild.decode_factor == 0.25  # one absurd sample moves it at most to the bound
+    unchanged = calibrate(calibration, context.setup, shape, 0.0, None, None)
+    assert unchanged == calibration

@@ -38,8 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--scan-interval", type=float, default=30.0, help="seconds between full resyncs")
     run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                      help="kopf liveness endpoint URL ('' to disable)")
+    run.add_argument("--prometheus-url", help="Prometheus scraping the serving pods (enables autoscaling)")
+    run.add_argument("--gpu-price", action="append", default=[], metavar="TYPE=USD",
+                     help="default hourly price of a GPU type (repeatable); a resource's own prices win")
+    run.add_argument("--peering", help="kopf peering name: run several replicas, only one active")
+    run.add_argument("--metrics-port", type=int, help="serve the operator's own Prometheus metrics on this port")
     run.add_argument("--log-format", choices=("plain", "full", "json"), default="json")
-    run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    run.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
     return parser
 
 

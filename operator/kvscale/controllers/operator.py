@@ -20,6 +20,7 @@ import kopf
 
 from kvscale.api.spec import API_GROUP, API_VERSION, KIND
 from kvscale.controllers.reconcile import Outcome, Reconciler
+from kvscale.controllers.telemetry import Telemetry
 from kvscale.kube.cluster import PLURAL, Cluster
 
 log = logging.getLogger("kvscale.operator")
@@ -31,6 +32,10 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     scan_interval_s: float = 30.0
     kubeconfig: str | None = None
+    prometheus_url: str | None = None  # None: no live metrics, plans only
+    gpu_prices_usd_per_hour: Mapping[str, float] = field(default_factory=dict)  # operator-wide defaults
+    peering: str | None = None  # kopf peering name for HA (only one active replica); None: standalone
+    metrics_port: int | None = None  # the operator's own /metrics
 
 
 @dataclass
@@ -38,6 +43,7 @@ class OperatorState:
     """What the handlers share: the cluster client, one lock per resource, counters for probes."""
 
     config: OperatorConfig
+    telemetry: Telemetry = field(default_factory=Telemetry)
     cluster: Cluster | None = None
     locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
@@ -58,16 +64,37 @@ class OperatorState:
                 body = self.cluster.get_llmdeployment(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     return None
-                outcome = Reconciler(self.cluster).reconcile(body, datetime.now(UTC))
+                reconciler = Reconciler(self.cluster, self.config.gpu_prices_usd_per_hour)
+                outcome = reconciler.reconcile(body, datetime.now(UTC))
             except Exception:  # the operator must outlive any one resource's failure
                 self.failures += 1
+                self.telemetry.reconciles.labels(result="error").inc()
                 log.exception("reconcile of %s/%s failed; will retry on the next event or resync", namespace, name)
                 return None
             self.reconciles += 1
             self.writes += len(outcome.writes)
+            self.telemetry.reconciles.labels(result="ok").inc()
+            for write in outcome.writes:
+                self.telemetry.writes.labels(kind=write).inc()
+            self._record(namespace, name, outcome)
             if outcome.writes:
                 log.info("reconciled %s/%s: %s", namespace, name, ", ".join(outcome.writes))
             return outcome
+
+    def _record(self, namespace: str, name: str, outcome: Outcome) -> None:
+        status = outcome.status
+        if status is None:
+            return
+        if status.desired_replicas is not None:
+            self.telemetry.desired_replicas.labels(namespace, name).set(status.desired_replicas)
+        if status.predicted is not None:
+            self.telemetry.predicted_ttft.labels(namespace, name).set(status.predicted.ttft_ms / 1000.0)
+            self.telemetry.predicted_tpot.labels(namespace, name).set(status.predicted.tpot_ms / 1000.0)
+        observed = status.observed
+        if observed is not None and observed.ttft_p95_ms is not None:
+            self.telemetry.observed_ttft.labels(namespace, name).set(observed.ttft_p95_ms / 1000.0)
+        if observed is not None and observed.tpot_p95_ms is not None:
+            self.telemetry.observed_tpot.labels(namespace, name).set(observed.tpot_p95_ms / 1000.0)
 
     def resync(self) -> None:
         if self.cluster is None:
@@ -106,6 +133,8 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig)
+        if config.metrics_port is not None:
+            state.telemetry.serve(config.metrics_port)
 
         async def resync_forever() -> None:
             while True:
@@ -143,7 +172,8 @@ def run_operator(config: OperatorConfig, liveness_endpoint: str | None) -> None:
     registry, _ = build_registry(config)
     kopf.run(
         registry=registry,
-        standalone=True,
+        standalone=config.peering is None,
+        peering_name=config.peering,
         clusterwide=not config.namespaces,
         namespaces=list(config.namespaces),
         liveness_endpoint=liveness_endpoint,

@@ -41,6 +41,7 @@ class Outcome:
 
     writes: list[str] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
+    status: LLMDeploymentStatus | None = None  # the status as reconciled
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,9 @@ def _gpu_of(inputs: PlanInputs, chosen: Candidate) -> GpuSpec:
 class Reconciler:
     """Reconciles LLMDeployments against one cluster."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, default_prices_usd_per_hour: Mapping[str, float] | None = None) -> None:
         self.cluster = cluster
+        self.default_prices = dict(default_prices_usd_per_hour or {})
 
     def reconcile(self, body: Mapping[str, Any], now: datetime) -> Outcome:
         run = _Pass(body=body, now=now, outcome=Outcome())
@@ -130,7 +132,8 @@ class Reconciler:
         previous = _previous_status(body)
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
-            inputs = build_plan_inputs(spec, _read_config_json(self.cluster, owner.namespace, spec))
+            inputs = build_plan_inputs(spec, _read_config_json(self.cluster, owner.namespace, spec),
+                                       default_prices_usd_per_hour=self.default_prices)
         except (InvalidSpecError, CatalogError) as exc:
             status = self._invalid_status(previous, str(exc), now, generation)
             if _condition_changed(previous, status, ConditionType.INVALID_SPEC):
@@ -301,6 +304,7 @@ class Reconciler:
             log.warning("could not emit event %s: %s", reason, exc)
 
     def _write_status(self, run: _Pass, previous: LLMDeploymentStatus | None, status: LLMDeploymentStatus) -> None:
+        run.outcome.status = status
         if previous is not None and _status_dict(previous) == _status_dict(status):
             return
         meta = run.body["metadata"]

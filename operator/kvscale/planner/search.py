@@ -6,7 +6,7 @@ Pure: the architecture and GPU specs are resolved by the caller (catalog lookups
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,12 +50,15 @@ class PlanInputs:
 
 
 def build_plan_inputs(spec: LLMDeploymentSpec, config_json: dict[str, Any] | None = None,
-                      efficiency: EfficiencyFactors = DEFAULT_EFFICIENCY) -> PlanInputs:
+                      efficiency: EfficiencyFactors = DEFAULT_EFFICIENCY,
+                      default_prices_usd_per_hour: Mapping[str, float] | None = None) -> PlanInputs:
     """Resolve names against the shipped catalog. `config_json` (already read by the caller) or the
-    spec's inline architecture override the catalog's architecture."""
+    spec's inline architecture override the catalog's architecture. GPU prices: the spec's, else the
+    operator's defaults (`default_prices_usd_per_hour`), else the catalog's."""
     config = spec.model.architecture if spec.model.architecture is not None else config_json
     arch = resolve_architecture(spec.model.name, config)
-    prices = {k.lower(): v for k, v in spec.gpu.price_usd_per_hour.items()}
+    prices = {k.lower(): v for k, v in (default_prices_usd_per_hour or {}).items()}
+    prices.update({k.lower(): v for k, v in spec.gpu.price_usd_per_hour.items()})
     gpus = []
     for name in dict.fromkeys(spec.gpu.types):
         gpu = find_gpu(name)

@@ -154,15 +154,19 @@ class ObservedStatus(StatusModel):
 
 
 class CalibrationStatus(StatusModel):
-    """Correction factors fitted from observations; multiply the model's predicted step times."""
+    """Speed factors fitted from observations, applied to the model's achieved bandwidth and compute."""
 
-    decode_factor: Annotated[float, Field(gt=0, description="Observed / predicted decode step time.")]
-    prefill_factor: Annotated[float, Field(gt=0, description="Observed / predicted prefill time.")]
+    decode_factor: Annotated[
+        float, Field(gt=0, description="Decode speed relative to the model's defaults (>1: faster than predicted).")
+    ]
+    prefill_factor: Annotated[
+        float, Field(gt=0, description="Prefill speed relative to the model's defaults (>1: faster than predicted).")
+    ]
     ttft_error_pct: Annotated[
-        float | None, Field(description="Signed TTFT prediction error after calibration, percent.")
+        float | None, Field(description="Signed prefill-time prediction error before the last update, percent.")
     ] = None
     tpot_error_pct: Annotated[
-        float | None, Field(description="Signed TPOT prediction error after calibration, percent.")
+        float | None, Field(description="Signed TPOT prediction error before the last update, percent.")
     ] = None
 
 

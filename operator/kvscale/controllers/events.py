@@ -17,4 +17,7 @@ class EventReason(StrEnum):
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"
     CAPACITY_AVAILABLE = "CapacityAvailable"
     SCALED = "Scaled"
+    SCALE_RECOMMENDED = "ScaleRecommended"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+    METRICS_AVAILABLE = "MetricsAvailable"
     RECONCILE_FAILED = "ReconcileFailed"

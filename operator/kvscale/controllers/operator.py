@@ -11,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from kvscale.api.spec import API_GROUP, API_VERSION, KIND
+from kvscale.autoscaler import Observation, ScalingHistory
+from kvscale.controllers.autoscaling import ScalingInput
 from kvscale.controllers.reconcile import Outcome, Reconciler
 from kvscale.controllers.telemetry import Telemetry
 from kvscale.kube.cluster import PLURAL, Cluster
+from kvscale.metrics import DeploymentKey, MetricsUnavailableError, PrometheusSource
 
 log = logging.getLogger("kvscale.operator")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kvscale"}
@@ -45,6 +49,8 @@ class OperatorState:
     config: OperatorConfig
     telemetry: Telemetry = field(default_factory=Telemetry)
     cluster: Cluster | None = None
+    metrics: PrometheusSource | None = None
+    histories: dict[tuple[str, str], ScalingHistory] = field(default_factory=dict)
     locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
     reconciles: int = 0
@@ -55,7 +61,7 @@ class OperatorState:
         with self.guard:
             return self.locks.setdefault(key, threading.Lock())
 
-    def reconcile(self, namespace: str, name: str) -> Outcome | None:
+    def reconcile(self, namespace: str, name: str, scaling: ScalingInput | None = None) -> Outcome | None:
         """Re-read the resource and reconcile it; never raises (a failure is logged and retried later)."""
         if self.cluster is None:
             return None
@@ -65,7 +71,9 @@ class OperatorState:
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     return None
                 reconciler = Reconciler(self.cluster, self.config.gpu_prices_usd_per_hour)
-                outcome = reconciler.reconcile(body, datetime.now(UTC))
+                if scaling is not None:  # the history may have moved since the cycle began
+                    scaling = replace(scaling, history=self.histories.get((namespace, name), ScalingHistory()))
+                outcome = reconciler.reconcile(body, datetime.now(UTC), scaling)
             except Exception:  # the operator must outlive any one resource's failure
                 self.failures += 1
                 self.telemetry.reconciles.labels(result="error").inc()
@@ -76,6 +84,9 @@ class OperatorState:
             self.telemetry.reconciles.labels(result="ok").inc()
             for write in outcome.writes:
                 self.telemetry.writes.labels(kind=write).inc()
+            if outcome.decision is not None:
+                self.histories[(namespace, name)] = outcome.decision.history
+                self.telemetry.decisions.labels(namespace, name, outcome.decision.action).inc()
             self._record(namespace, name, outcome)
             if outcome.writes:
                 log.info("reconciled %s/%s: %s", namespace, name, ", ".join(outcome.writes))
@@ -97,6 +108,7 @@ class OperatorState:
             self.telemetry.observed_tpot.labels(namespace, name).set(observed.tpot_p95_ms / 1000.0)
 
     def resync(self) -> None:
+        """Reconcile every resource; with Prometheus configured, first fetch everyone's metrics in one pass."""
         if self.cluster is None:
             return
         try:
@@ -104,8 +116,45 @@ class OperatorState:
         except Exception:
             log.exception("listing LLMDeployments failed; will retry")
             return
+        inputs = self._scaling_inputs(bodies) if self.metrics is not None else {}
         for body in bodies:
-            self.reconcile(body["metadata"]["namespace"], body["metadata"]["name"])
+            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            self.reconcile(*key, scaling=inputs.get(key))
+
+    def _scaling_inputs(self, bodies: list[dict[str, Any]]) -> dict[tuple[str, str], ScalingInput]:
+        assert self.metrics is not None and self.cluster is not None
+        now_s = time.time()
+        by_quantile: dict[float, list[DeploymentKey]] = {}
+        for body in bodies:
+            spec = body.get("spec") or {}
+            if (spec.get("scaling") or {}).get("mode", "Auto") == "Off":
+                continue
+            percentile = float((spec.get("slo") or {}).get("percentile", 95.0))
+            by_quantile.setdefault(percentile / 100.0, []).append(
+                DeploymentKey(body["metadata"]["namespace"], body["metadata"]["name"]))
+        observations: dict[DeploymentKey, Observation] = {}
+        prefill: dict[DeploymentKey, float] = {}
+        problem = None
+        try:
+            for quantile, keys in by_quantile.items():  # one query per signal per distinct SLO percentile
+                fetched = self.metrics.fetch(keys, quantile)
+                observations.update(fetched.observations)
+                prefill.update(fetched.prefill_s)
+        except MetricsUnavailableError as exc:
+            problem = str(exc)
+            log.warning("metrics unavailable: %s", exc)
+        try:
+            pods = self.cluster.list_bound_pods()
+        except Exception:
+            log.exception("listing pods failed; free GPU capacity unknown this cycle")
+            pods = []
+        return {
+            (key.namespace, key.name): ScalingInput(
+                observation=observations.get(key), metrics_problem=problem, prefill_s=prefill.get(key),
+                history=self.histories.get((key.namespace, key.name), ScalingHistory()), now_s=now_s,
+                bound_pods=pods)
+            for keys in by_quantile.values() for key in keys
+        }
 
 
 def _owner_name(body: Mapping[str, Any]) -> str | None:
@@ -133,6 +182,8 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig)
+        if config.prometheus_url:
+            state.metrics = PrometheusSource(config.prometheus_url)
         if config.metrics_port is not None:
             state.telemetry.serve(config.metrics_port)
 

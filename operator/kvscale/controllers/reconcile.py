@@ -23,13 +23,22 @@ from kvscale.api.conditions import (
 )
 from kvscale.api.spec import LLMDeploymentSpec, ScalingMode, parse_spec
 from kvscale.api.status import ConditionStatus, LLMDeploymentStatus
+from kvscale.autoscaler import ScaleDecision
 from kvscale.catalog import GpuSpec
+from kvscale.controllers.autoscaling import ScalingInput, autoscale
 from kvscale.controllers.events import EventReason
 from kvscale.errors import CatalogError, InvalidSpecError, KvscaleError
 from kvscale.kube.builders import SPEC_HASH_ANNOTATION, Owner, build_deployment, build_service, selector_string
 from kvscale.kube.cluster import Cluster, EventRecord
-from kvscale.kube.state import count_gpu_capacity, is_owned_by, is_subset, replica_counts, template_drifted
-from kvscale.planner import Candidate, Plan, build_plan_inputs, plan_deployment
+from kvscale.kube.state import (
+    count_free_replica_slots,
+    count_gpu_capacity,
+    is_owned_by,
+    is_subset,
+    replica_counts,
+    template_drifted,
+)
+from kvscale.planner import Candidate, Plan, build_plan_inputs, chosen_setup, plan_deployment
 from kvscale.planner.search import PlanInputs
 
 log = logging.getLogger("kvscale.reconcile")
@@ -42,6 +51,7 @@ class Outcome:
     writes: list[str] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
     status: LLMDeploymentStatus | None = None  # the status as reconciled
+    decision: ScaleDecision | None = None  # the autoscaler's answer, when this pass scaled
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class _Pass:
     body: Mapping[str, Any]
     now: datetime
     outcome: Outcome
+    scaling: ScalingInput | None = None
 
 
 def _previous_status(body: Mapping[str, Any]) -> LLMDeploymentStatus | None:
@@ -124,8 +135,10 @@ class Reconciler:
         self.cluster = cluster
         self.default_prices = dict(default_prices_usd_per_hour or {})
 
-    def reconcile(self, body: Mapping[str, Any], now: datetime) -> Outcome:
-        run = _Pass(body=body, now=now, outcome=Outcome())
+    def reconcile(self, body: Mapping[str, Any], now: datetime, scaling: ScalingInput | None = None) -> Outcome:
+        """Bring one resource in line. `scaling` (fresh metrics, once per resync cycle) lets the
+        autoscaler act; without it replicas stay where the last decision put them."""
+        run = _Pass(body=body, now=now, outcome=Outcome(), scaling=scaling)
         meta = body["metadata"]
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         generation = int(meta.get("generation") or 0)
@@ -163,6 +176,17 @@ class Reconciler:
         gpu = _gpu_of(inputs, chosen)
         live = self.cluster.get_deployment(owner.namespace, owner.name)
         replicas = decide_replicas(spec, chosen, live, previous, generation)
+        nodes = self.cluster.list_nodes()
+        scale_reason = None
+        settled = live is not None and previous is not None and previous.observed_generation == generation
+        if run.scaling is not None and spec.scaling.mode != ScalingMode.OFF and settled:
+            free = count_free_replica_slots(nodes, run.scaling.bound_pods, gpu, chosen.tensor_parallel)
+            result = autoscale(spec, chosen_setup(inputs, chosen), chosen, status, previous, replicas,
+                               replica_counts(live)[1], free, run.scaling, now)
+            status, replicas = result.status, result.replicas
+            run.outcome.decision = result.decision
+            scale_reason = result.decision.reason
+            self._scaling_events(run, previous, status)
         desired = build_deployment(owner, spec, chosen, replicas, gpu=gpu,
                                    native_precision=inputs.arch.native_precision)
         conflict = live is not None and not is_owned_by(live, owner.uid)
@@ -175,9 +199,9 @@ class Reconciler:
                                        "NameConflict", message, now, generation)
             return status.model_copy(update={"conditions": conditions})
 
-        live = self._apply_deployment(run, owner, desired, live, replicas)
+        live = self._apply_deployment(run, owner, desired, live, replicas, scale_reason)
         self._apply_service(run, owner, spec)
-        capacity = count_gpu_capacity(self.cluster.list_nodes(), gpu, chosen.tensor_parallel)
+        capacity = count_gpu_capacity(nodes, gpu, chosen.tensor_parallel)
         current, ready = replica_counts(live)
         conditions = status.conditions
         if capacity.replica_slots < replicas:
@@ -207,7 +231,7 @@ class Reconciler:
         })
 
     def _apply_deployment(self, run: _Pass, owner: Owner, desired: dict[str, Any],
-                          live: dict[str, Any] | None, replicas: int) -> dict[str, Any]:
+                          live: dict[str, Any] | None, replicas: int, scale_reason: str | None) -> dict[str, Any]:
         outcome = run.outcome
         if live is None:
             created = self.cluster.create(desired)
@@ -235,7 +259,7 @@ class Reconciler:
         if int((live.get("spec") or {}).get("replicas") or 0) != replicas:
             patch.setdefault("spec", {})["replicas"] = replicas
             self._event(run, "Normal", EventReason.SCALED,
-                        f"Replicas {live.get('spec', {}).get('replicas')} -> {replicas}.")
+                        scale_reason or f"Replicas {live.get('spec', {}).get('replicas')} -> {replicas}.")
         if not patch:
             return live
         outcome.writes.append("patch Deployment")
@@ -257,6 +281,20 @@ class Reconciler:
                                      {"spec": {"selector": desired["spec"]["selector"],
                                                "ports": desired["spec"]["ports"]}})
             run.outcome.writes.append("patch Service")
+
+    def _scaling_events(self, run: _Pass, previous: LLMDeploymentStatus | None, status: LLMDeploymentStatus) -> None:
+        if _condition_changed(previous, status, ConditionType.METRICS_UNAVAILABLE):
+            condition = find_condition(status.conditions, ConditionType.METRICS_UNAVAILABLE)
+            if condition is not None and condition.status == ConditionStatus.TRUE:
+                self._event(run, "Warning", EventReason.METRICS_UNAVAILABLE, condition.message)
+            elif condition is not None and previous is not None and find_condition(
+                    previous.conditions, ConditionType.METRICS_UNAVAILABLE) is not None:
+                self._event(run, "Normal", EventReason.METRICS_AVAILABLE, condition.message)
+        spec_mode = (run.body.get("spec") or {}).get("scaling", {}).get("mode", ScalingMode.AUTO.value)
+        decision = status.last_scale_decision
+        if spec_mode == ScalingMode.RECOMMEND.value and decision is not None and (
+                previous is None or previous.last_scale_decision != decision):
+            self._event(run, "Normal", EventReason.SCALE_RECOMMENDED, decision.reason)
 
     # --- no plan ---------------------------------------------------------------------------------
     def _without_plan(self, owner: Owner, status: LLMDeploymentStatus, now: datetime,

@@ -125,6 +125,12 @@ class Cluster:
     def list_nodes(self) -> list[dict[str, Any]]:
         return [n.to_dict() for n in _call("list nodes", lambda: self._nodes.get()).items]
 
+    def list_bound_pods(self) -> list[dict[str, Any]]:
+        """Every pod bound to a node and not finished, in all namespaces (for free-GPU counting)."""
+        result = _call("list pods", lambda: self._pods.get(field_selector="spec.nodeName!=,status.phase!=Succeeded,"
+                                                                          "status.phase!=Failed"))
+        return [p.to_dict() for p in result.items]
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         result = _call(f"list pods {label_selector}",
                        lambda: self._pods.get(namespace=namespace, label_selector=label_selector))

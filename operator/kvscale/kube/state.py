@@ -97,3 +97,38 @@ def replica_counts(live: Mapping[str, Any] | None) -> tuple[int, int]:
         return 0, 0
     status = live.get("status") or {}
     return int(status.get("replicas") or 0), int(status.get("readyReplicas") or 0)
+
+
+def _gpu_requests(pod: Mapping[str, Any], resource_name: str) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        requests = ((container.get("resources") or {}).get("requests")) or {}
+        limits = ((container.get("resources") or {}).get("limits")) or {}
+        value = requests.get(resource_name, limits.get(resource_name))
+        if value is not None:
+            total += int(Decimal(parse_quantity(value)))
+    return total
+
+
+def count_free_replica_slots(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], gpu: GpuSpec,
+                             tensor_parallel: int) -> int:
+    """Further replicas of `tensor_parallel` GPUs that the unrequested GPUs of the product hold, node by node.
+
+    Pods bound to a node and not finished count against it; Pending pods are not bound and do not.
+    """
+    key = PRODUCT_LABEL_KEYS.get(gpu.resource_name, f"{gpu.resource_name}.product")
+    used: dict[str, int] = {}
+    for pod in pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if node_name and phase not in ("Succeeded", "Failed"):
+            used[node_name] = used.get(node_name, 0) + _gpu_requests(pod, gpu.resource_name)
+    slots = 0
+    for node in nodes:
+        labels = node.get("metadata", {}).get("labels") or {}
+        if labels.get(key) != gpu.product_label or node.get("spec", {}).get("unschedulable") or not _node_ready(node):
+            continue
+        allocatable = (node.get("status", {}).get("allocatable") or {}).get(gpu.resource_name, "0")
+        free = int(Decimal(parse_quantity(allocatable))) - used.get(node["metadata"]["name"], 0)
+        slots += max(free, 0) // max(tensor_parallel, 1)
+    return slots

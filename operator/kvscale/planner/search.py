@@ -71,6 +71,21 @@ def _precision(inputs: PlanInputs) -> Precision:
     return inputs.spec.model.precision or inputs.arch.native_precision
 
 
+def build_serving_setup(inputs: PlanInputs, gpu: GpuSpec, tensor_parallel: int) -> ServingSetup:
+    """The replica configuration the planner evaluates for `gpu` at `tensor_parallel` (and the operator
+    and simulator reuse for the chosen candidate)."""
+    spec = inputs.spec
+    return ServingSetup(arch=inputs.arch, gpu=gpu, tensor_parallel=tensor_parallel, precision=_precision(inputs),
+                        kv_cache_dtype=spec.model.kv_cache_dtype,
+                        gpu_memory_utilization=spec.serving.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
+                        efficiency=inputs.efficiency)
+
+
+def chosen_setup(inputs: PlanInputs, chosen: Candidate) -> ServingSetup:
+    gpu = next(g for g in inputs.gpus if g.name == chosen.gpu_type)
+    return build_serving_setup(inputs, gpu, chosen.tensor_parallel)
+
+
 @dataclass(frozen=True)
 class _Evaluation:
     """Best candidate of one GPU type and TP degree, or why none works there."""
@@ -104,10 +119,8 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
     arch = inputs.arch
     quantile = spec.slo.percentile / 100.0
     shape = RequestShape(spec.workload.input_tokens, spec.workload.output_tokens)
-    utilization = spec.serving.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
-    setup = ServingSetup(arch=arch, gpu=gpu, tensor_parallel=tp, precision=_precision(inputs),
-                         kv_cache_dtype=spec.model.kv_cache_dtype, gpu_memory_utilization=utilization,
-                         efficiency=inputs.efficiency)
+    setup = build_serving_setup(inputs, gpu, tp)
+    utilization = setup.gpu_memory_utilization
     batches = max_num_seqs_options(setup.token_budget, spec.serving.max_num_seqs)
     if not batches:
         return _Evaluation(None, _reject(gpu, tp, f"max-num-seqs above the token budget {setup.token_budget}"),

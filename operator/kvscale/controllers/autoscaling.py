@@ -1,0 +1,144 @@
+"""Autoscaling inside a reconcile: turn an observation into a calibrated scale decision and status.
+
+The decision itself is `kvscale.autoscaler.decide` (pure, shared with the simulator); this module
+only assembles its inputs from the live objects and maps its answer onto status fields and events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kvscale.api.conditions import ConditionType, format_time, set_condition
+from kvscale.api.spec import LLMDeploymentSpec, ScalingMode
+from kvscale.api.status import (
+    CalibrationStatus,
+    ConditionStatus,
+    LLMDeploymentStatus,
+    ObservedStatus,
+    ScaleDecisionStatus,
+)
+from kvscale.autoscaler import (
+    Calibration,
+    Observation,
+    ReplicaContext,
+    ScaleDecision,
+    ScalingHistory,
+    calibrate,
+    decide,
+)
+from kvscale.autoscaler.policy import METRICS_MAX_AGE_S
+from kvscale.autoscaler.signals import check_observation
+from kvscale.perfmodel import RequestShape
+from kvscale.perfmodel.replica import ServingSetup
+from kvscale.planner import Candidate
+
+
+@dataclass(frozen=True)
+class ScalingInput:
+    """What one resync cycle knows for one resource besides its spec and plan."""
+
+    observation: Observation | None
+    metrics_problem: str | None  # set when Prometheus itself failed this cycle
+    prefill_s: float | None
+    history: ScalingHistory
+    now_s: float
+    bound_pods: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class ScalingResult:
+    decision: ScaleDecision
+    replicas: int  # what the Deployment should run (unchanged in Recommend mode)
+    status: LLMDeploymentStatus
+
+
+def previous_calibration(status: LLMDeploymentStatus | None) -> Calibration:
+    if status is None or status.calibration is None:
+        return Calibration()
+    c = status.calibration
+    return Calibration(decode_factor=c.decode_factor, prefill_factor=c.prefill_factor,
+                       tpot_error_pct=c.tpot_error_pct, ttft_error_pct=c.ttft_error_pct, samples=1)
+
+
+def _observed_status(observation: Observation) -> ObservedStatus:
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000.0, 2)
+
+    usage = observation.kv_cache_usage
+    return ObservedStatus(
+        ttft_p95_ms=ms(observation.ttft_s),
+        tpot_p95_ms=ms(observation.tpot_s),
+        requests_per_second=None if observation.request_rate is None else round(observation.request_rate, 3),
+        kv_cache_usage=None if usage is None else round(min(max(usage, 0.0), 1.0), 3),
+        running_requests=observation.running_requests,
+        waiting_requests=observation.waiting_requests,
+        sampled_at=format_time(datetime.fromtimestamp(observation.sampled_at_s, UTC)),
+    )
+
+
+def _slo_met(spec: LLMDeploymentSpec, observation: Observation) -> bool | None:
+    checks = []
+    if observation.ttft_s is not None:
+        checks.append(observation.ttft_s * 1000.0 <= spec.slo.ttft_ms)
+    if observation.tpot_s is not None:
+        checks.append(observation.tpot_s * 1000.0 <= spec.slo.tpot_ms)
+    return all(checks) if checks else None
+
+
+def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, status: LLMDeploymentStatus,
+              previous: LLMDeploymentStatus | None, current_replicas: int, ready_replicas: int,
+              free_replica_slots: int | None, scaling: ScalingInput, now: datetime) -> ScalingResult:
+    """Calibrate on the observation, ask the policy, and fold the answer into the status."""
+    generation = status.observed_generation
+    observation = scaling.observation
+    problem = scaling.metrics_problem or check_observation(observation, scaling.now_s, METRICS_MAX_AGE_S)
+    calibration = previous_calibration(previous)
+    if problem is None and observation is not None:
+        shape = RequestShape(observation.mean_input_tokens or spec.workload.input_tokens,
+                             observation.mean_output_tokens or spec.workload.output_tokens)
+        per_replica = (observation.running_requests or 0.0) / max(observation.pods_scraped, 1)
+        calibration = calibrate(calibration, setup, shape, per_replica, observation.tpot_s, scaling.prefill_s)
+    context = ReplicaContext(spec=spec, setup=setup, max_num_seqs=chosen.max_num_seqs,
+                             kv_cache_tokens=chosen.kv_cache_tokens, current_replicas=current_replicas,
+                             ready_replicas=ready_replicas, free_replica_slots=free_replica_slots,
+                             calibration=calibration)
+    decision = decide(None if scaling.metrics_problem else observation, context, scaling.history, scaling.now_s)
+
+    conditions = status.conditions
+    updates: dict[str, Any] = {}
+    if decision.metrics_problem:
+        conditions = set_condition(conditions, ConditionType.METRICS_UNAVAILABLE, ConditionStatus.TRUE,
+                                   "NoUsableMetrics", f"{decision.metrics_problem}; replicas held at "
+                                   f"{current_replicas}, never scaled down without metrics.", now, generation)
+    else:
+        conditions = set_condition(conditions, ConditionType.METRICS_UNAVAILABLE, ConditionStatus.FALSE,
+                                   "MetricsFresh", "vLLM metrics are being scraped.", now, generation)
+        assert observation is not None
+        updates["observed"] = _observed_status(observation)
+        updates["slo_met"] = _slo_met(spec, observation)
+    if calibration.samples:
+        updates["calibration"] = CalibrationStatus(
+            decode_factor=round(calibration.decode_factor, 4), prefill_factor=round(calibration.prefill_factor, 4),
+            ttft_error_pct=None if calibration.ttft_error_pct is None else round(calibration.ttft_error_pct, 1),
+            tpot_error_pct=None if calibration.tpot_error_pct is None else round(calibration.tpot_error_pct, 1))
+    auto = spec.scaling.mode == ScalingMode.AUTO
+    target = decision.desired_replicas if auto else current_replicas
+    last = previous.last_scale_decision if previous else None
+    proposal = decision.desired_replicas
+    if proposal != current_replicas and (last is None or last.to_replicas != proposal or not auto):
+        updates["last_scale_decision"] = ScaleDecisionStatus(
+            time=format_time(now), from_replicas=current_replicas, to_replicas=proposal,
+            reason=("" if auto else "recommended (mode Recommend, not applied): ") + decision.reason)
+    updates["desired_replicas"] = target
+    updates["conditions"] = conditions
+    new_status = status.model_copy(update=updates)
+    if new_status.observed is not None:
+        new_status = new_status.model_copy(update={
+            "ttft_p95_ms": new_status.observed.ttft_p95_ms if new_status.observed.ttft_p95_ms is not None
+            else new_status.ttft_p95_ms,
+            "tpot_p95_ms": new_status.observed.tpot_p95_ms if new_status.observed.tpot_p95_ms is not None
+            else new_status.tpot_p95_ms})
+    return ScalingResult(decision=decision, replicas=target, status=new_status)

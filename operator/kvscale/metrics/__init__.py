@@ -1,0 +1,6 @@
+"""The Prometheus edge: the only importer of prometheus_api_client. Queries in, Observations out."""
+
+from kvscale.metrics.queries import DeploymentKey, MetricsLabels, build_queries
+from kvscale.metrics.source import MetricsUnavailableError, PrometheusSource
+
+__all__ = ["DeploymentKey", "MetricsLabels", "MetricsUnavailableError", "PrometheusSource", "build_queries"]

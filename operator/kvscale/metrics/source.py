@@ -1,0 +1,103 @@
+"""Fetching: run each query once per cycle and assemble one Observation per deployment."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.exceptions import RequestException
+
+from kvscale.autoscaler.signals import Observation
+from kvscale.errors import KvscaleError
+from kvscale.metrics.queries import DeploymentKey, MetricsLabels, build_queries
+
+DEFAULT_WINDOW_S = 60
+QUERY_TIMEOUT_S = 10
+
+
+class MetricsUnavailableError(KvscaleError):
+    """Prometheus could not be queried at all (down, unreachable, or an error for every query)."""
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """Observations by deployment, plus the mean prefill time (for calibration) where known."""
+
+    observations: Mapping[DeploymentKey, Observation]
+    prefill_s: Mapping[DeploymentKey, float]
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number
+
+
+class PrometheusSource:
+    """Reads vLLM / SGLang metrics for many LLMDeployments with one query per signal."""
+
+    def __init__(self, url: str, labels: MetricsLabels | None = None, window_s: int = DEFAULT_WINDOW_S) -> None:
+        self.url = url
+        self.labels = labels or MetricsLabels()
+        self.window_s = window_s
+        self._client = PrometheusConnect(url=url, disable_ssl=True)
+
+    def _query(self, promql: str) -> dict[DeploymentKey, float]:
+        try:
+            rows = self._client.custom_query(query=promql, params={"timeout": f"{QUERY_TIMEOUT_S}s"})
+        except (PrometheusApiClientException, RequestException, ValueError, OSError) as exc:
+            raise MetricsUnavailableError(f"Prometheus at {self.url} failed: {exc}") from exc
+        values: dict[DeploymentKey, float] = {}
+        for row in rows:
+            metric = row.get("metric", {})
+            namespace, name = metric.get(self.labels.namespace), metric.get(self.labels.deployment)
+            value = _number((row.get("value") or [None, None])[1])
+            if namespace and name and value is not None:
+                values[DeploymentKey(namespace, name)] = value
+        return values
+
+    def fetch(self, keys: Iterable[DeploymentKey], quantile: float) -> FetchResult:
+        """Observations for `keys` at one SLO quantile; a deployment with no series gets none."""
+        wanted = set(keys)
+        columns = {field: self._query(promql) for field, promql in
+                   build_queries(self.labels, self.window_s, quantile).items()}
+        observations: dict[DeploymentKey, Observation] = {}
+        prefill: dict[DeploymentKey, float] = {}
+        for key in wanted:
+            sampled = columns["sampled_at_s"].get(key)
+            if sampled is None:
+                continue  # no series at all: the policy sees "no metrics"
+
+            def get(field: str, key: DeploymentKey = key) -> float | None:
+                value = columns[field].get(key)
+                # histogram_quantile over an empty window is NaN: "no requests finished", not broken
+                return None if value is None or (math.isnan(value) and field.endswith("_s")) else value
+
+            observations[key] = Observation(
+                sampled_at_s=sampled,
+                pods_scraped=int(get("pods_scraped") or 0),
+                request_rate=get("request_rate"),
+                mean_input_tokens=_finite(get("mean_input_tokens")),
+                mean_output_tokens=_finite(get("mean_output_tokens")),
+                running_requests=get("running_requests"),
+                waiting_requests=get("waiting_requests"),
+                kv_cache_usage=get("kv_cache_usage"),
+                ttft_s=get("ttft_s"),
+                tpot_s=get("tpot_s"),
+                preemption_rate=get("preemption_rate"),
+            )
+            prefill_value = _finite(get("prefill_s"))
+            if prefill_value is not None:
+                prefill[key] = prefill_value
+        return FetchResult(observations=observations, prefill_s=prefill)
+
+
+def _finite(value: float | None) -> float | None:
+    """Means over an idle window are 0/0: treat as unknown."""
+    return value if value is not None and math.isfinite(value) else None

@@ -7,7 +7,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/versions.env"
 CACHE=${KVSCALE_CACHE:-$HOME/.cache/kvscale}
 TB=$CACHE/testbed
-export GOTOOLCHAIN=local GOPATH=$CACHE/go GOMODCACHE=$CACHE/go/pkg/mod GOFLAGS=-buildvcs=false
+export GOTOOLCHAIN=local GOPATH=$CACHE/go GOMODCACHE=$CACHE/go/pkg/mod GOCACHE=$CACHE/go-build GOFLAGS=-buildvcs=false
 mkdir -p "$TB"
 log() { printf '[testbed-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

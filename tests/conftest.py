@@ -1,0 +1,129 @@
+"""Shared pytest fixtures, including the real test bed (tests/testbed/up.sh).
+
+The bed fixtures (`kube`, `namespace`, `prometheus`, `inference_sim`) use the state that
+`make testbed-up` leaves in `.testbed/`; their helpers live in tests/testbed/bedkit.py
+(`from bedkit import wait_until` works in any test). When the bed is not up they skip, unless
+KVSCALE_BED=1 or CI=true, where a missing bed is an error: `make test-bed` never passes by skipping.
+The kubernetes client is imported only when a bed fixture is used, so unit tests pay nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "testbed"))
+
+from bedkit import (
+    BIN_DIR,
+    STATE_DIR,
+    InferenceSim,
+    Kube,
+    Prometheus,
+    SimFactory,
+    bed_required,
+    start_inference_sim,
+    wait_until,
+)
+
+
+def bed_unavailable(reason: str) -> NoReturn:
+    if bed_required():
+        pytest.fail(f"test bed unavailable (KVSCALE_BED=1 or CI=true): {reason}", pytrace=False)
+    pytest.skip(f"test bed not up ({reason}); run `make testbed-up` or `make test-bed`")
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[Kube]:
+    """The bed's API server: `.kubeconfig`, `.api_client`, `.core/.apps/.apiext/.custom`, `.kubectl()`."""
+    kubeconfig = STATE_DIR / "kubeconfig"
+    if not kubeconfig.is_file():
+        bed_unavailable(f"{kubeconfig} does not exist")
+    kubectl_bin = shutil.which("kubectl", path=str(BIN_DIR)) or shutil.which("kubectl")
+    if kubectl_bin is None:
+        bed_unavailable(f"no kubectl in {BIN_DIR} or on PATH")
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        client.VersionApi(api_client).get_code(_request_timeout=5)
+    except Exception as exc:  # any failure means "no usable bed"
+        api_client.close()
+        bed_unavailable(f"kube-apiserver from {kubeconfig} does not answer: {exc!r}")
+    yield Kube(kubeconfig=kubeconfig, api_client=api_client, kubectl_bin=kubectl_bin)
+    api_client.close()
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test (with its `default` ServiceAccount), deleted afterwards."""
+    from kubernetes import client
+
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:6]}"
+    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    # Pods are rejected until the serviceaccount controller has made `default` in the namespace.
+    wait_until(
+        lambda: kube.core.read_namespaced_service_account("default", name),
+        timeout=60,
+        what=f"serviceaccount {name}/default",
+    )
+    yield name
+    # The namespace controller (kube-controller-manager) deletes the contents in the background.
+    kube.core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="session")
+def prometheus() -> Iterator[Prometheus]:
+    """The bed's Prometheus: `.url`, `.add_target()`, `.remove_target()`, `.wait_for_target_up()`,
+    `.query()`, `.wait_for_query()`. Targets a session added are removed at its end."""
+    url_file = STATE_DIR / "prometheus-url"
+    targets_dir = STATE_DIR / "prometheus" / "targets"
+    if not url_file.is_file() or not targets_dir.is_dir():
+        bed_unavailable(f"{url_file} or {targets_dir} does not exist")
+    url = url_file.read_text().strip()
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as resp:
+            resp.read()
+    except (OSError, urllib.error.URLError) as exc:
+        bed_unavailable(f"Prometheus at {url} is not ready: {exc!r}")
+    prom = Prometheus(url=url, targets_dir=targets_dir)
+    yield prom
+    for name in list(prom.added):
+        prom.remove_target(name)
+
+
+@pytest.fixture(scope="session")
+def inference_sim() -> Iterator[SimFactory]:
+    """Factory: `inference_sim(model=, max_num_seqs=, ttft_ms=, itl_ms=, extra_args=[...], mode=)`
+    starts `llm-d-inference-sim` on a free 127.0.0.1 port, waits for /health and returns an
+    `InferenceSim` (`.port`, `.url`, `.host_port`, `.completion()`, `.stop()`). All are stopped at
+    the end of the session."""
+    binary = shutil.which("llm-d-inference-sim", path=str(BIN_DIR)) or shutil.which("llm-d-inference-sim")
+    if binary is None:
+        bed_unavailable(f"no llm-d-inference-sim in {BIN_DIR} (run `make testbed-build`)")
+    started: list[InferenceSim] = []
+
+    def start(
+        model: str = "kvscale/test-model",
+        max_num_seqs: int = 5,
+        ttft_ms: int = 10,
+        itl_ms: int = 2,
+        extra_args: list[str] | None = None,
+        mode: str = "random",
+    ) -> InferenceSim:
+        sim = start_inference_sim(binary, model, max_num_seqs, ttft_ms, itl_ms, extra_args, mode=mode)
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()

@@ -1,0 +1,38 @@
+# Shared by up.sh, down.sh and run-bed-tests.sh (sourced, not executed).
+# shellcheck shell=bash
+TESTBED_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$TESTBED_DIR/../.." && pwd)
+# shellcheck source=versions.env
+source "$TESTBED_DIR/versions.env"
+CACHE=${KVSCALE_CACHE:-$HOME/.cache/kvscale}
+BIN=$CACHE/testbed/bin
+ST=$REPO_ROOT/.testbed            # the bed's state: kubeconfig, pids, logs, pki, data
+PIDS=$ST/pids
+LOGS=$ST/logs
+
+tb_log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# pid_of NAME -> prints the PID recorded in pids/NAME.pid if that process is alive AND is really
+# the binary the file is named after (guards against a recycled PID). Returns 1 otherwise.
+pid_of() {
+  local f=$PIDS/$1.pid pid exe
+  [ -s "$f" ] || return 1
+  pid=$(head -n1 "$f")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  exe=$(basename "${exe% (deleted)}")
+  # pid files are named after the binary, optionally with a suffix: llm-d-inference-sim-8123.pid
+  [[ $1 == "$exe" || $1 == "$exe"-* ]] || return 1
+  printf '%s\n' "$pid"
+}
+
+# Prints the last lines of every log of the bed (for failures).
+tail_logs() {
+  local n=${1:-40} f
+  [ -d "$LOGS" ] || return 0
+  for f in "$LOGS"/*.log; do
+    [ -e "$f" ] || continue
+    printf '\n===== last %s lines of %s =====\n' "$n" "$f" >&2
+    grep -v '"msg":"Syncing lease"' "$f" | tail -n "$n" >&2  # drop kwok's per-node heartbeats
+  done
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make test-bed`: start the bed, run tests/bed against it, always stop it again.
+# A bed that fails to start, a failing test, or no collected bed test (pytest exit 5) all fail.
+# Extra arguments go to pytest. KVSCALE_BED_KEEP=1 leaves the bed up afterwards (debugging);
+# KVSCALE_BED_TEST_TIMEOUT_S (default 300) is the per-test deadline.
+set -uo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+PYTEST=${PYTEST:-$REPO_ROOT/.venv/bin/pytest}
+
+finish() {
+  if [ -n "${KVSCALE_BED_KEEP:-}" ]; then
+    tb_log "KVSCALE_BED_KEEP is set: leaving the bed up (make testbed-down stops it)"
+  else
+    bash "$TESTBED_DIR/down.sh" || tb_log "down.sh failed"
+  fi
+}
+trap finish EXIT
+
+T0=$(date +%s)
+if ! bash "$TESTBED_DIR/up.sh"; then
+  tb_log "FAILED: the test bed did not start (see the log tails above; CI=${CI:-unset})"
+  exit 1
+fi
+T1=$(date +%s)
+tb_log "bed up in $((T1 - T0))s; running the bed tests"
+
+# A per-test deadline (pytest-timeout) so a hung test fails the run instead of stalling CI.
+KVSCALE_BED=1 "$PYTEST" -q --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" tests/bed "$@"
+rc=$?
+tb_log "pytest exit $rc after $(($(date +%s) - T1))s"
+if [ "$rc" -eq 5 ]; then
+  tb_log "FAILED: pytest collected no bed tests; tests/bed must hold them"
+  rc=1
+fi
+if [ "$rc" -ne 0 ]; then
+  tail_logs 40
+fi
+exit "$rc"

@@ -1,0 +1,66 @@
+"""kvscale's Prometheus edge against the bed's real Prometheus scraping real vLLM simulators."""
+
+from __future__ import annotations
+
+import time
+
+from bedkit import Prometheus, SimFactory, wait_until
+
+from kvscale.autoscaler import check_observation
+from kvscale.metrics import DeploymentKey, PrometheusSource
+
+
+def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, inference_sim: SimFactory) -> None:
+    # Two replicas of one deployment, one replica of another, in the same namespace.
+    chat = [inference_sim(model="chat-model", max_num_seqs=4, ttft_ms=40, itl_ms=5) for _ in range(2)]
+    code = inference_sim(model="code-model", max_num_seqs=4, ttft_ms=40, itl_ms=5)
+    for i, sim in enumerate(chat):
+        prometheus.add_target(f"metrics-chat-{i}", sim.host_port,
+                              {"namespace": "metrics-test", "llmdeployment": "chat", "pod": f"chat-{i}"})
+    prometheus.add_target("metrics-code-0", code.host_port,
+                          {"namespace": "metrics-test", "llmdeployment": "code", "pod": "code-0"})
+    for sim in (*chat, code):
+        prometheus.wait_for_target_up(sim.host_port, timeout=30)
+        # The simulator creates its counter series on the first request (vLLM pre-creates them):
+        # one warm-up request, scraped, so that rate() sees the increase of the requests below.
+        sim.completion(max_tokens=4)
+    prometheus.wait_for_query('count(vllm:request_success_total{namespace="metrics-test"})',
+                              lambda rows: rows and float(rows[0]["value"][1]) >= 3, timeout=30)
+    for _ in range(6):
+        for sim in chat:
+            sim.completion(max_tokens=12)
+    code.completion(max_tokens=12)
+
+    source = PrometheusSource(prometheus.url, window_s=30)
+    keys = [DeploymentKey("metrics-test", "chat"), DeploymentKey("metrics-test", "code"),
+            DeploymentKey("metrics-test", "absent")]
+
+    def settled() -> object:
+        result = source.fetch(keys, 0.95)
+        chat_obs = result.observations.get(keys[0])
+        ready = chat_obs is not None and (chat_obs.request_rate or 0) > 0 and chat_obs.tpot_s is not None
+        return result if ready else None
+
+    result = wait_until(settled, 60, "request rate and TPOT for the chat deployment")
+    chat_obs, code_obs = result.observations[keys[0]], result.observations[keys[1]]
+    assert keys[2] not in result.observations
+    assert chat_obs.pods_scraped == 2 and code_obs.pods_scraped == 1
+    assert chat_obs.mean_output_tokens is not None and 1 <= chat_obs.mean_output_tokens <= 12
+    assert chat_obs.request_rate is not None and chat_obs.request_rate > code_obs.request_rate
+    assert chat_obs.running_requests == 0 and chat_obs.waiting_requests == 0
+    assert check_observation(chat_obs, time.time(), 120) is None
+    assert check_observation(result.observations.get(keys[2]), time.time(), 120) is not None
+
+    # A replica that goes away stops counting once Prometheus marks its series stale.
+    prometheus.remove_target("metrics-chat-1")
+    wait_until(lambda: source.fetch(keys[:1], 0.95).observations[keys[0]].pods_scraped == 1, 60,
+               "the removed replica's series to go stale")
+
+
+def test_an_unreachable_prometheus_is_an_owned_error() -> None:
+    import pytest
+
+    from kvscale.metrics import MetricsUnavailableError
+
+    with pytest.raises(MetricsUnavailableError, match="failed"):
+        PrometheusSource("http://127.0.0.1:9", window_s=30).fetch([DeploymentKey("a", "b")], 0.95)

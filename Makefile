@@ -53,6 +53,7 @@ test: lint typecheck test-unit test-bed
 bench: venv
 	$(PY) benchmarks/accuracy.py
 	$(PY) benchmarks/planner_speed.py
+	$(PY) benchmarks/autoscaling.py
 
 plan: venv
 	@for f in examples/*.yaml; do echo "=== $$f"; $(VENV)/bin/kvscale plan -f $$f || exit 1; done

@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=("plain", "full", "json"), default="json")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     run.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
+    simulate = sub.add_parser("simulate", help="replay a request trace against a simulated fleet and scaling policy")
+    from kvscale.cli.simulate_cmd import add_simulate_arguments
+
+    add_simulate_arguments(simulate)
     return parser
 
 
@@ -64,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kvscale.cli.predict_cmd import run_predict
 
             return run_predict(args)
+        if args.command == "simulate":
+            from kvscale.cli.simulate_cmd import run_simulate
+
+            return run_simulate(args)
     except KvscaleError as exc:
         print(f"kvscale: error: {exc}", file=sys.stderr)
         return 2

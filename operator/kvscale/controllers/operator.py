@@ -56,6 +56,7 @@ class OperatorState:
     reconciles: int = 0
     failures: int = 0
     writes: int = 0
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def _lock(self, key: tuple[str, str]) -> threading.Lock:
         with self.guard:
@@ -63,8 +64,8 @@ class OperatorState:
 
     def reconcile(self, namespace: str, name: str, scaling: ScalingInput | None = None) -> Outcome | None:
         """Re-read the resource and reconcile it; never raises (a failure is logged and retried later)."""
-        if self.cluster is None:
-            return None
+        if self.cluster is None or self.stopping.is_set():
+            return None  # shutting down: queued triggers are dropped, the next start resyncs anyway
         with self._lock((namespace, name)):
             try:
                 body = self.cluster.get_llmdeployment(namespace, name)
@@ -196,6 +197,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        state.stopping.set()
         task = resync_task.pop("task", None)
         if task is not None:
             task.cancel()

@@ -6,6 +6,7 @@ The clock (`now`) and the cluster (`Cluster`) are passed in; planning and buildi
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -124,6 +125,23 @@ def decide_replicas(spec: LLMDeploymentSpec, chosen: Candidate, live: Mapping[st
     return int((live.get("spec") or {}).get("replicas") or planned)
 
 
+@functools.lru_cache(maxsize=2048)
+def _plan_from_key(key: str) -> tuple[PlanInputs, Plan]:
+    spec_json, config, prices = json.loads(key)
+    inputs = build_plan_inputs(LLMDeploymentSpec.model_validate(spec_json), config,
+                               default_prices_usd_per_hour=prices)
+    return inputs, plan_deployment(inputs)
+
+
+def plan_cached(spec: LLMDeploymentSpec, config_json: dict[str, Any] | None,
+                default_prices: Mapping[str, float]) -> tuple[PlanInputs, Plan]:
+    """Planning is a pure function of the spec, the architecture and the prices: each distinct input is
+    planned once, so the many reconciles of an unchanged resource cost reads and compares only."""
+    key = json.dumps([spec.model_dump(mode="json", by_alias=True), config_json, dict(default_prices)],
+                     sort_keys=True)
+    return _plan_from_key(key)
+
+
 def _gpu_of(inputs: PlanInputs, chosen: Candidate) -> GpuSpec:
     return next(g for g in inputs.gpus if g.name == chosen.gpu_type)
 
@@ -145,8 +163,8 @@ class Reconciler:
         previous = _previous_status(body)
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
-            inputs = build_plan_inputs(spec, _read_config_json(self.cluster, owner.namespace, spec),
-                                       default_prices_usd_per_hour=self.default_prices)
+            inputs, plan = plan_cached(spec, _read_config_json(self.cluster, owner.namespace, spec),
+                                       self.default_prices)
         except (InvalidSpecError, CatalogError) as exc:
             status = self._invalid_status(previous, str(exc), now, generation)
             if _condition_changed(previous, status, ConditionType.INVALID_SPEC):
@@ -154,7 +172,6 @@ class Reconciler:
             self._write_status(run, previous, status)
             return run.outcome
 
-        plan = plan_deployment(inputs)
         status = build_status_from_plan(plan, generation, now, previous)
         status = status.model_copy(update={"conditions": set_condition(
             status.conditions, ConditionType.INVALID_SPEC, ConditionStatus.FALSE, "SpecValid",

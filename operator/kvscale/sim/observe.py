@@ -1,0 +1,111 @@
+"""What a Prometheus scrape of the simulated fleet shows: kvscale's `Observation` over a window.
+
+Counters and histograms are read over the last `window_s` (rate and quantiles of the requests whose
+first token or completion fell in it, as `rate()` and `histogram_quantile()` over vLLM's series
+would); gauges (running, waiting, KV-cache usage) are read at the sample time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvscale.autoscaler import Observation
+from kvscale.sim.server import Replica, RequestLog
+
+Array = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    """Events between two scrapes."""
+
+    finished: NDArray[np.int64]
+    first_tokens: NDArray[np.int64]
+    preemptions: int
+    running_seq_s: float  # sequences x seconds run by the scraped pods
+    pod_s: float  # seconds the scraped pods were up
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Per-request figures of one window, beside the Observation built from them."""
+
+    observation: Observation
+    mean_tpot_s: float | None  # output-token-weighted mean inter-token time (sum/count of the histogram)
+    mean_prefill_s: float | None  # mean scheduled-to-first-token time
+    running_per_replica: float  # mean running batch per pod over the window (avg_over_time of the gauge)
+
+
+class FleetScraper:
+    """Turns the request log and the serving replicas into Observations, one per scrape."""
+
+    def __init__(self, log: RequestLog, window_s: float, scrape_interval_s: float, percentile: float) -> None:
+        self.log = log
+        self.window_s = window_s
+        self.percentile = percentile
+        self._buckets: deque[_Bucket] = deque(maxlen=max(1, round(window_s / scrape_interval_s)))
+        self._finished_seen = 0
+        self._first_seen = 0
+        self._preemptions_seen = 0
+        self._running_seen: dict[int, float] = {}
+        self._interval_s = scrape_interval_s
+
+    def scrape(self, now_s: float, pods: Sequence[Replica]) -> WindowStats:
+        log = self.log
+        running_seq_s = 0.0
+        for pod in pods:
+            running_seq_s += pod.running_seq_s - self._running_seen.get(pod.index, 0.0)
+            self._running_seen[pod.index] = pod.running_seq_s
+        bucket = _Bucket(
+            finished=np.array(log.finish_order[self._finished_seen:], dtype=np.int64),
+            first_tokens=np.array(log.first_token_order[self._first_seen:], dtype=np.int64),
+            preemptions=log.preemptions - self._preemptions_seen,
+            running_seq_s=running_seq_s,
+            pod_s=len(pods) * self._interval_s,
+        )
+        self._finished_seen = len(log.finish_order)
+        self._first_seen = len(log.first_token_order)
+        self._preemptions_seen = log.preemptions
+        self._buckets.append(bucket)
+        finished = np.concatenate([b.finished for b in self._buckets])
+        first = np.concatenate([b.first_tokens for b in self._buckets])
+        preemptions = sum(b.preemptions for b in self._buckets)
+        pod_s = sum(b.pod_s for b in self._buckets)
+        q = self.percentile
+
+        ttft = log.first_token_s[first] - log.arrival_s[first]
+        prefill = log.first_token_s[first] - log.scheduled_s[first]
+        outputs = log.output_tokens[finished]
+        multi = finished[outputs > 1]
+        decode_s = log.finish_s[multi] - log.first_token_s[multi]
+        intervals = log.output_tokens[multi] - 1
+        tpot = decode_s / intervals
+
+        pods_scraped = len(pods)
+        running = float(sum(len(p.running) for p in pods))
+        waiting = float(sum(len(p.waiting) for p in pods))
+        usage = float(np.mean([p.kv_usage for p in pods])) if pods else None
+        observation = Observation(
+            sampled_at_s=now_s,
+            pods_scraped=pods_scraped,
+            request_rate=finished.size / self.window_s if pods else None,
+            mean_input_tokens=float(np.mean(log.input_tokens[finished])) if finished.size else None,
+            mean_output_tokens=float(np.mean(outputs)) if finished.size else None,
+            running_requests=running if pods else None,
+            waiting_requests=waiting if pods else None,
+            kv_cache_usage=usage,
+            ttft_s=float(np.percentile(ttft, q)) if ttft.size else None,
+            tpot_s=float(np.percentile(tpot, q)) if tpot.size else None,
+            preemption_rate=preemptions / self.window_s if pods else None,
+        )
+        return WindowStats(
+            observation=observation,
+            mean_tpot_s=float(decode_s.sum() / intervals.sum()) if intervals.size else None,
+            mean_prefill_s=float(np.mean(prefill)) if prefill.size else None,
+            running_per_replica=(sum(b.running_seq_s for b in self._buckets) / pod_s) if pod_s else 0.0,
+        )

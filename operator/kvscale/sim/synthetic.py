@@ -1,0 +1,105 @@
+"""Synthetic traces: Poisson, diurnal and bursty arrivals, from a spec string and a seed.
+
+    synthetic:poisson:rate=5:duration=3600
+    synthetic:diurnal:rate=5:amplitude=0.8:period=3600:duration=3600
+    synthetic:bursts:rate=2:burst_rate=20:every=600:length=60:duration=3600
+
+Common keys: input=512 and output=256 (mean tokens), lengths=fixed|exponential, seed=0.
+Non-homogeneous arrivals are drawn by thinning a Poisson process at the peak rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kvscale.errors import InvalidSpecError
+from kvscale.sim.trace import Trace
+
+PREFIX = "synthetic:"
+KINDS = ("poisson", "diurnal", "bursts")
+_DEFAULTS: dict[str, float] = {"rate": 5.0, "duration": 3600.0, "input": 512.0, "output": 256.0, "seed": 0.0,
+                               "amplitude": 0.8, "period": 3600.0, "burst_rate": 20.0, "every": 600.0,
+                               "length": 60.0}
+_LENGTHS = ("fixed", "exponential")
+
+RateFunction = Callable[[NDArray[np.float64]], NDArray[np.float64]]
+
+
+def _parse(text: str) -> tuple[str, dict[str, float], str]:
+    parts = text.removeprefix(PREFIX).split(":")
+    kind = parts[0]
+    if kind not in KINDS:
+        raise InvalidSpecError(f"--trace {text!r}: unknown synthetic kind {kind!r}; use one of {', '.join(KINDS)}")
+    values = dict(_DEFAULTS)
+    lengths = "fixed"
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise InvalidSpecError(f"--trace {text!r}: expected key=value, got {part!r}")
+        if key == "lengths":
+            if value not in _LENGTHS:
+                raise InvalidSpecError(f"--trace {text!r}: lengths must be one of {', '.join(_LENGTHS)}")
+            lengths = value
+            continue
+        if key not in _DEFAULTS:
+            raise InvalidSpecError(f"--trace {text!r}: unknown key {key!r}; known: {', '.join(sorted(_DEFAULTS))}")
+        try:
+            values[key] = float(value)
+        except ValueError as exc:
+            raise InvalidSpecError(f"--trace {text!r}: {key} must be a number, got {value!r}") from exc
+    for key in ("rate", "duration", "input", "output", "period", "every", "length"):
+        if values[key] <= 0 and not (key == "rate" and values[key] == 0):
+            raise InvalidSpecError(f"--trace {text!r}: {key} must be positive")
+    return kind, values, lengths
+
+
+def _rate_function(kind: str, v: dict[str, float]) -> tuple[RateFunction, float]:
+    """(arrival rate at times t, its maximum)."""
+    rate = v["rate"]
+    if kind == "diurnal":
+        amplitude = min(max(v["amplitude"], 0.0), 1.0)
+
+        def diurnal(t: NDArray[np.float64]) -> NDArray[np.float64]:
+            # Lowest at the start, highest half a period in.
+            return rate * (1.0 - amplitude * np.cos(2.0 * math.pi * t / v["period"]))
+
+        return diurnal, rate * (1.0 + amplitude)
+    if kind == "bursts":
+        def bursts(t: NDArray[np.float64]) -> NDArray[np.float64]:
+            inside = np.mod(t, v["every"]) >= v["every"] - v["length"]
+            return np.where(inside, v["burst_rate"], rate)
+
+        return bursts, max(rate, v["burst_rate"])
+
+    def flat(t: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.full_like(t, rate)
+
+    return flat, rate
+
+
+def _lengths(rng: np.random.Generator, mean: float, count: int, kind: str) -> NDArray[np.int64]:
+    if kind == "fixed":
+        return np.full(count, max(round(mean), 1), dtype=np.int64)
+    return np.maximum(np.rint(rng.exponential(mean, count)), 1).astype(np.int64)
+
+
+def generate_synthetic_trace(text: str) -> Trace:
+    """A trace from a `synthetic:KIND:key=value:...` spec; the same spec always gives the same trace."""
+    kind, values, lengths = _parse(text)
+    rng = np.random.default_rng(int(values["seed"]))
+    duration = values["duration"]
+    rate_at, peak = _rate_function(kind, values)
+    expected = int(peak * duration)
+    if expected > 20_000_000:
+        raise InvalidSpecError(f"--trace {text!r}: {expected} requests is too many to simulate")
+    count = rng.poisson(peak * duration) if peak > 0 else 0
+    times = np.sort(rng.uniform(0.0, duration, count))
+    if count and kind != "poisson":
+        times = times[rng.uniform(0.0, peak, count) < rate_at(times)]
+    n = times.size
+    return Trace(name=text, arrival_s=times, input_tokens=_lengths(rng, values["input"], n, lengths),
+                 output_tokens=_lengths(rng, values["output"], n, lengths), duration_s=duration)

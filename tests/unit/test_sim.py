@@ -1,0 +1,217 @@
+"""The fleet simulator: closed forms at low load, unbounded queues in overload, exact step times,
+traces, the HPA baselines, and kvscale's own policy function called unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import itertools
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvscale.autoscaler
+import kvscale.sim.policies
+from kvscale.api.spec import load_resource
+from kvscale.catalog import find_gpu, resolve_architecture
+from kvscale.perfmodel import ServingSetup, build_replica_model
+from kvscale.planner import build_plan_inputs
+from kvscale.sim import (
+    AZURE_ATTRIBUTION,
+    FleetConfig,
+    SimulatedDeployment,
+    Trace,
+    build_policy,
+    build_simulated_deployment,
+    generate_synthetic_trace,
+    parse_trace_csv,
+    simulate,
+)
+from kvscale.sim.policies import FleetState, HpaPolicy, KvscalePolicy, StaticPolicy
+from kvscale.sim.server import StepCost
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "operator" / "kvscale"
+EXAMPLE = ROOT / "examples" / "llama-3.1-8b-l4.yaml"
+
+
+@pytest.fixture(scope="module")
+def deployment() -> SimulatedDeployment:
+    return build_simulated_deployment(build_plan_inputs(load_resource(EXAMPLE).spec))
+
+
+def _fixed_trace(arrivals: list[float], prompt: int, output: int, duration_s: float) -> Trace:
+    n = len(arrivals)
+    return Trace(name="fixed", arrival_s=np.array(arrivals, dtype=np.float64),
+                 input_tokens=np.full(n, prompt, dtype=np.int64), output_tokens=np.full(n, output, dtype=np.int64),
+                 duration_s=duration_s)
+
+
+def test_one_server_at_a_trickle_matches_the_model(deployment: SimulatedDeployment) -> None:
+    prompt, output = 512, 128
+    trace = _fixed_trace([10.0 + 60.0 * i for i in range(20)], prompt, output, 1210.0)
+    result = simulate(deployment, trace, StaticPolicy(1, 0.0, 0.0), FleetConfig(tail_s=60.0))
+    m = result.metrics
+    assert m["completed"] == 20 and m["dropped"] == 0 and m["unfinished"] == 0 and m["preemptions"] == 0
+    truth = build_replica_model(deployment.server_setup)
+    prefill_ms = 1e3 * float(truth.prefill_s(prompt))
+    decode_ms = 1e3 * float(truth.decode_step_s(1, prompt + output / 2))
+    for key in ("p50_ttft_ms", "p99_ttft_ms"):
+        assert m[key] == pytest.approx(prefill_ms, rel=0.02)
+    for key in ("p50_tpot_ms", "p99_tpot_ms"):
+        assert m[key] == pytest.approx(decode_ms, rel=0.02)
+    assert m["slo_attainment"] == 1.0
+    assert m["gpu_hours"] == pytest.approx(deployment.tensor_parallel * m["simulated_s"] / 3600, rel=1e-3)
+
+
+def test_overload_grows_the_queue_and_ttft_without_bound(deployment: SimulatedDeployment) -> None:
+    # Far beyond one replica's capacity (a few requests/s for this shape): the queue only grows.
+    trace = generate_synthetic_trace("synthetic:poisson:rate=20:duration=240:input=1024:output=256:seed=3")
+    result = simulate(deployment, trace, StaticPolicy(1, 0.0, 0.0), FleetConfig(tail_s=0.0))
+    waiting = [p.waiting for p in result.timeline]
+    assert waiting[-1] > 1000 and all(b >= a for a, b in itertools.pairwise(waiting[4:]))
+    sim = result.metrics
+    assert sim["unfinished"] > 0.8 * sim["requests"]
+    # TTFT of whoever got a first token grows with arrival time.
+    ttft = [p.ttft_s for p in result.timeline if p.ttft_s is not None]
+    assert ttft[-1] > 5 * ttft[1] and ttft[-1] > 60.0
+
+
+def test_step_cost_is_the_models_step_time() -> None:
+    rng = np.random.default_rng(0)
+    for model_name, gpu_name, tp in (("meta-llama/Llama-3.1-8B-Instruct", "L4", 2),
+                                     ("Qwen/Qwen3-30B-A3B", "H100-SXM", 2),
+                                     ("google/gemma-3-27b-it", "H100-SXM", 2)):
+        arch = resolve_architecture(model_name)
+        setup = ServingSetup(arch, find_gpu(gpu_name), tp, arch.native_precision)
+        model = build_replica_model(setup)
+        cost = StepCost(model, setup.token_budget + 256)
+        for _ in range(200):
+            d, p, ps = int(rng.integers(0, 256)), int(rng.integers(0, setup.token_budget)), int(rng.integers(0, 4))
+            ctx, pairs = float(rng.uniform(1, 30_000)), float(rng.uniform(0, 1e8))
+            expected = float(model.step_s(d, ctx, p, pairs, ps))
+            assert cost.step_s(d, d * ctx, p, pairs, ps) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_full_cache_preempts_and_recomputes_yet_everything_finishes(deployment: SimulatedDeployment) -> None:
+    small = replace(deployment, server_kv_cache_tokens=12_000)
+    trace = generate_synthetic_trace("synthetic:poisson:rate=0.3:duration=120:input=1500:output=600:seed=1")
+    result = simulate(small, trace, StaticPolicy(1, 0.0, 0.0), FleetConfig(tail_s=600.0))
+    m = result.metrics
+    assert m["preemptions"] > 0
+    assert m["completed"] == m["requests"] - m["dropped"] and m["unfinished"] == 0
+
+
+def test_requests_longer_than_max_model_len_are_dropped(deployment: SimulatedDeployment) -> None:
+    trace = _fixed_trace([1.0, 2.0], deployment.max_model_len, 10, 10.0)
+    m = simulate(deployment, trace, StaticPolicy(1, 0.0, 0.0), FleetConfig(tail_s=30.0)).metrics
+    assert m["dropped"] == 2 and m["slo_attainment"] == 0.0
+
+
+def test_the_simulator_calls_the_operators_policy_function_itself() -> None:
+    assert kvscale.sim.policies.decide is kvscale.autoscaler.decide
+    assert kvscale.sim.policies.calibrate is kvscale.autoscaler.calibrate
+    definitions = [path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+                   if re.search(r"^def decide\(", path.read_text(), re.MULTILINE)]
+    assert definitions == ["autoscaler/policy.py"]
+    # Wherever the operator's controllers call the policy, it is this very function.
+    for path in (PACKAGE / "controllers").glob("*.py"):
+        module = importlib.import_module(f"kvscale.controllers.{path.stem}")
+        if hasattr(module, "decide"):
+            assert module.decide is kvscale.autoscaler.decide
+
+
+def test_kvscale_policy_decides_and_calibrates_every_sync(deployment: SimulatedDeployment) -> None:
+    trace = generate_synthetic_trace("synthetic:diurnal:rate=3:amplitude=0.9:period=600:duration=600:"
+                                     "input=512:output=256:lengths=exponential")
+    policy = build_policy("kvscale", deployment, trace)
+    assert isinstance(policy, KvscalePolicy)
+    result = simulate(deployment, trace, policy, FleetConfig(tail_s=60.0))
+    detail = result.metrics["policy_detail"]
+    assert sum(detail["decisions_by_action"].values()) == len(result.timeline)
+    calibration = detail["calibration"]
+    assert calibration["samples"] > 10
+    # The servers decode 20% slower than the planner's defaults, plus a larger step overhead.
+    assert calibration["decode_factor"] < 0.95
+    assert result.metrics["max_replicas"] > policy.initial_replicas()  # the load rose nine-fold: it scaled up
+
+
+def _fleet(now: float, current: int, ready: int | None = None) -> FleetState:
+    ready = current if ready is None else ready
+    return FleetState(now_s=now, current_replicas=current, ready_replicas=ready, starting_replicas=current - ready,
+                      free_replica_slots=None)
+
+
+def test_hpa_scales_up_at_most_max_4_or_100_percent_and_down_after_300_s() -> None:
+    from kvscale.autoscaler import Observation
+    from kvscale.sim.observe import WindowStats
+
+    def stats(usage: float, now: float) -> WindowStats:
+        obs = Observation(sampled_at_s=now, pods_scraped=2, request_rate=1.0, mean_input_tokens=100,
+                          mean_output_tokens=100, running_requests=4, waiting_requests=0, kv_cache_usage=usage,
+                          ttft_s=0.1, tpot_s=0.01)
+        return WindowStats(observation=obs, mean_tpot_s=0.01, mean_prefill_s=0.05, running_per_replica=2)
+
+    hpa = HpaPolicy("hpa-kv", lambda o: o.kv_cache_usage, 0.7, 2, 1, 100)
+    assert hpa.desired_replicas(stats(0.74, 0), _fleet(0, 2)) == 2  # within the 10% tolerance
+    assert hpa.desired_replicas(stats(1.4 * 10, 15), _fleet(15, 2)) == 6  # 2 + 4
+    assert hpa.desired_replicas(stats(1.0, 30), _fleet(30, 10)) == 15  # ceil(10 x 1/0.7), within 100%
+    assert hpa.desired_replicas(stats(0.07, 45), _fleet(45, 15)) == 15  # the down-window remembers 15
+    for t in range(60, 345, 15):
+        hpa.desired_replicas(stats(0.07, t), _fleet(t, 15))
+    assert hpa.desired_replicas(stats(0.07, 360), _fleet(360, 15)) == 2  # ceil(15 x 0.1)
+
+
+def test_static_peak_uses_the_planners_goodput(deployment: SimulatedDeployment) -> None:
+    trace = generate_synthetic_trace("synthetic:bursts:rate=1:burst_rate=12:every=300:length=60:duration=600")
+    policy = build_policy("static-peak", deployment, trace)
+    assert isinstance(policy, StaticPolicy)
+    expected = int(np.ceil(trace.peak_rate() / deployment.chosen.goodput_requests_per_s))
+    assert policy.initial_replicas() == expected
+
+
+def test_traces_parse_from_csv_and_gzip_and_scale_in_time(tmp_path: Path) -> None:
+    text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+            "2023-11-16 18:15:50.9951690,396,0\n2023-11-16 18:15:51.2224670,879,55\n")
+    plain = parse_trace_csv(text.encode(), "t.csv")
+    zipped = parse_trace_csv(gzip.compress(text.encode()), "t.csv.gz")
+    for trace in (plain, zipped):
+        assert trace.requests == 3
+        assert trace.arrival_s.tolist() == pytest.approx([0.0, 4.314579, 4.541876])
+        assert trace.output_tokens.tolist() == [44, 1, 55]
+    fast = plain.sped_up(2)
+    assert fast.arrival_s[-1] == pytest.approx(plain.arrival_s[-1] / 2) and fast.duration_s == plain.duration_s / 2
+    assert plain.truncated(4.4).requests == 2
+
+
+@pytest.mark.parametrize(("name", "rows"), [("azure-conv", 19_366), ("azure-code", 8_819)])
+def test_packaged_traces_load_with_their_attribution(name: str, rows: int) -> None:
+    from kvscale.cli.simulate_cmd import load_trace
+
+    trace = load_trace(name)
+    assert trace.requests == rows and trace.attribution == AZURE_ATTRIBUTION
+    assert 3400 < trace.duration_s < 3700 and "CC BY 4.0" in AZURE_ATTRIBUTION
+    readme = (PACKAGE / "sim" / "data" / "README.md").read_text()
+    assert "Creative Commons" in readme and "Splitwise" in readme
+
+
+def test_synthetic_traces_are_deterministic_and_have_their_rates() -> None:
+    a = generate_synthetic_trace("synthetic:poisson:rate=5:duration=2000:seed=7")
+    b = generate_synthetic_trace("synthetic:poisson:rate=5:duration=2000:seed=7")
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    assert a.mean_rate == pytest.approx(5.0, rel=0.05)
+    diurnal = generate_synthetic_trace("synthetic:diurnal:rate=5:amplitude=1:period=2000:duration=2000")
+    rates = diurnal.rate_per_window(200)
+    assert rates[0] < 1.5 and rates[4] > 8.0  # low at the start, high half a period in
+    bursts = generate_synthetic_trace("synthetic:bursts:rate=1:burst_rate=20:every=500:length=100:duration=1000")
+    assert bursts.peak_rate(100) > 15 and float(np.min(bursts.rate_per_window(100))) < 2.5
+
+
+def test_cli_policy_names_match_the_simulator() -> None:
+    from kvscale.cli.simulate_cmd import POLICY_NAMES, TRACE_NAMES
+    from kvscale.sim import PACKAGED_TRACES, POLICIES
+
+    assert POLICY_NAMES == POLICIES and tuple(PACKAGED_TRACES) == TRACE_NAMES

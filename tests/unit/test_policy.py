@@ -9,6 +9,7 @@ import pytest
 from kvscale.api.spec import load_resource
 from kvscale.autoscaler import (
     Calibration,
+    CalibrationSample,
     Observation,
     ReplicaContext,
     ScalingHistory,
@@ -17,7 +18,13 @@ from kvscale.autoscaler import (
     decide,
 )
 from kvscale.autoscaler.policy import replica_goodput
-from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency
+from kvscale.perfmodel import (
+    RequestShape,
+    ServingSetup,
+    build_replica_model,
+    estimate_at_concurrency,
+    estimate_at_rate,
+)
 from kvscale.planner import build_plan_inputs, plan_deployment
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-70b-h100.yaml"
@@ -131,8 +138,12 @@ def test_calibration_learns_a_slower_server_and_stays_bounded() -> None:
     model = build_replica_model(context.setup)
     predicted_tpot = float(estimate_at_concurrency(model, shape, 16.0).tpot_mean_s)
     calibration = Calibration()
+    def sample(tpot_mean_s: float | None, running: float = 16.0) -> CalibrationSample:
+        return CalibrationSample(shape=shape, quantile=0.95, running_per_replica=running, rate_per_replica=None,
+                                 slots=256.0, tpot_mean_s=tpot_mean_s)
+
     for _ in range(20):  # the real server decodes 1.5x slower than the defaults say
-        calibration = calibrate(calibration, context.setup, shape, 16.0, predicted_tpot * 1.5, None)
+        calibration = calibrate(calibration, context.setup, sample(predicted_tpot * 1.5))
     assert calibration.decode_factor < 1 / 1.5  # fixed per-step costs do not scale, so bandwidth falls more
     efficiency = calibration.efficiency(context.setup.efficiency)
     calibrated = build_replica_model(replace(context.setup, efficiency=efficiency))
@@ -141,7 +152,34 @@ def test_calibration_learns_a_slower_server_and_stays_bounded() -> None:
     assert abs(calibration.tpot_error_pct or 0) < 5
     slower = replace(context, calibration=calibration)
     assert _goodput(slower) < _goodput(context)
-    wild = calibrate(Calibration(), context.setup, shape, 16.0, predicted_tpot * 100, None)
+    wild = calibrate(Calibration(), context.setup, sample(predicted_tpot * 100))
     assert wild.decode_factor == 0.25  # one absurd sample moves it at most to the bound
-    unchanged = calibrate(calibration, context.setup, shape, 0.0, None, None)
+    unchanged = calibrate(calibration, context.setup, sample(None, running=0.0))
     assert unchanged == calibration
+
+
+def test_wider_real_tails_lower_the_goodput() -> None:
+    context = _context()
+    shape = RequestShape(1024, 256)
+    model = build_replica_model(context.setup)
+    rate = 0.5 * _goodput(context)
+    at = estimate_at_rate(model, shape, rate, 256.0, 0.95)
+    calibration = Calibration()
+    for _ in range(15):  # speed as modelled, but the observed p95 TPOT is 40% above the model's p95
+        calibration = calibrate(calibration, context.setup, CalibrationSample(
+            shape=shape, quantile=0.95, running_per_replica=float(at.running_seqs), rate_per_replica=rate,
+            slots=256.0, tpot_mean_s=float(at.tpot_mean_s), tpot_quantile_s=1.4 * float(at.tpot_quantile_s),
+            ttft_quantile_s=float(at.ttft_quantile_s)))
+    assert calibration.decode_factor == pytest.approx(1.0, rel=0.02)
+    assert calibration.tpot_tail_factor == pytest.approx(1.4, rel=0.05)
+    assert calibration.ttft_tail_factor == pytest.approx(1.0, rel=0.05)
+    assert _goodput(replace(context, calibration=calibration)) < _goodput(context)
+
+
+def test_breaches_do_not_compound_while_replicas_start() -> None:
+    starting = replace(_context(current=6), ready_replicas=3)
+    decision = decide(_load(0.3, ttft_s=3.0), starting, ScalingHistory(), NOW)
+    assert decision.desired_replicas == 6  # the three loading replicas are the answer to the breach
+    assert "still starting" in decision.reason
+    settled = replace(_context(current=6), ready_replicas=6)
+    assert decide(_load(0.3, ttft_s=3.0), settled, ScalingHistory(), NOW).desired_replicas > 6

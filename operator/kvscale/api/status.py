@@ -162,6 +162,12 @@ class CalibrationStatus(StatusModel):
     prefill_factor: Annotated[
         float, Field(gt=0, description="Prefill speed relative to the model's defaults (>1: faster than predicted).")
     ]
+    tpot_tail_factor: Annotated[
+        float | None, Field(gt=0, description="Observed / modelled SLO-percentile TPOT (>1: wider tails).")
+    ] = None
+    ttft_tail_factor: Annotated[
+        float | None, Field(gt=0, description="Observed / modelled SLO-percentile TTFT (>1: wider tails).")
+    ] = None
     ttft_error_pct: Annotated[
         float | None, Field(description="Signed prefill-time prediction error before the last update, percent.")
     ] = None

@@ -1,6 +1,6 @@
 """SLO-driven scaling: observations, calibration and the scaling policy. Pure: time is passed in."""
 
-from kvscale.autoscaler.calibration import Calibration, calibrate
+from kvscale.autoscaler.calibration import Calibration, CalibrationSample, calibrate
 from kvscale.autoscaler.policy import (
     ReplicaContext,
     ScaleDecision,
@@ -11,6 +11,7 @@ from kvscale.autoscaler.signals import Observation, ObservationProblem, check_ob
 
 __all__ = [
     "Calibration",
+    "CalibrationSample",
     "Observation",
     "ObservationProblem",
     "ReplicaContext",

@@ -1,9 +1,13 @@
-"""Online calibration: fit the model's decode and prefill speed to what the servers show.
+"""Online calibration: fit the model to what the servers show, in speed and in tail shape.
 
-The performance model predicts TPOT at the observed batch and prefill time for the observed prompts;
-the ratio to the observed values says how much faster or slower this deployment really is. Ratios
-are bounded (a single odd sample never swings the model by more than the bounds) and smoothed
-(exponentially, so a step change is followed within a few cycles without chasing noise).
+Speed: the model predicts mean TPOT at the observed per-replica arrival rate (open loop, so prompt
+load is what actually arrives) and mean prefill time for the observed prompts; the ratios to the
+observed means rescale the model's achieved bandwidth (decode) and compute (prefill).
+Tails: percentiles of real traffic are wider than the model's (lengths vary, arrivals cluster), so
+the ratio of observed to predicted SLO-percentile TTFT and TPOT is learned as a tail factor, which
+tightens the SLOs the goodput is computed against.
+Every factor is bounded (one odd sample never swings the model past the bounds) and smoothed in log
+space (a step change is followed within a few cycles without chasing noise).
 """
 
 from __future__ import annotations
@@ -17,20 +21,42 @@ from kvscale.perfmodel import (
     ServingSetup,
     build_replica_model,
     estimate_at_concurrency,
+    estimate_at_rate,
 )
 
-FACTOR_BOUNDS = (0.25, 4.0)  # the model may be off by 4x either way, not more
+SPEED_BOUNDS = (0.25, 4.0)  # the model may be off by 4x either way, not more
+TAIL_BOUNDS = (0.5, 4.0)
 SMOOTHING = 0.3  # weight of the newest sample
 MIN_RUNNING_FOR_DECODE_FIT = 1.0
 
 
 @dataclass(frozen=True)
+class CalibrationSample:
+    """One observation window, per replica, with what the model needs to predict the same figures."""
+
+    shape: RequestShape
+    quantile: float
+    running_per_replica: float
+    rate_per_replica: float | None  # finished requests/s per replica
+    slots: float  # concurrent sequences a replica runs (max-num-seqs or the KV cache)
+    tpot_mean_s: float | None = None
+    tpot_quantile_s: float | None = None
+    ttft_quantile_s: float | None = None
+    prefill_mean_s: float | None = None
+    steady: bool = True  # no queue and no replica starting: only then do percentiles say something
+    # about the servers rather than about a backlog (which the policy's queue term handles)
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """Speed factors (>1: the servers are faster than the defaults) and the last prediction errors."""
+    """Speed factors (>1: faster than the defaults), tail factors (>1: wider tails than modelled) and
+    the last prediction errors (before the update, in percent)."""
 
     decode_factor: float = 1.0
     prefill_factor: float = 1.0
-    tpot_error_pct: float | None = None  # (predicted - observed) / observed before this update
+    tpot_tail_factor: float = 1.0
+    ttft_tail_factor: float = 1.0
+    tpot_error_pct: float | None = None
     ttft_error_pct: float | None = None
     samples: int = 0
 
@@ -38,36 +64,52 @@ class Calibration:
         return base.scaled(decode=self.decode_factor, prefill=self.prefill_factor)
 
 
-def _bounded(value: float) -> float:
-    low, high = FACTOR_BOUNDS
-    return min(max(value, low), high)
+def _bounded(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
 
 
-def _smoothed(previous: float, target: float, first: bool) -> float:
-    if first:
-        return _bounded(target)
-    # Smooth in log space: a 2x and a 0.5x surprise pull equally hard.
-    log_value = (1 - SMOOTHING) * math.log(previous) + SMOOTHING * math.log(_bounded(target))
-    return _bounded(math.exp(log_value))
+def _smoothed(previous: float, target: float, first: bool, bounds: tuple[float, float]) -> float:
+    if first and bounds is SPEED_BOUNDS:
+        return _bounded(target, bounds)  # speed: trust the first sample; tails: always approach from 1
+    log_value = (1 - SMOOTHING) * math.log(previous) + SMOOTHING * math.log(_bounded(target, bounds))
+    return _bounded(math.exp(log_value), bounds)
 
 
-def calibrate(previous: Calibration, setup: ServingSetup, shape: RequestShape, running_per_replica: float,
-              observed_tpot_s: float | None, observed_prefill_s: float | None) -> Calibration:
-    """One calibration step from one observation; unchanged when there is nothing to learn from."""
+def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSample) -> Calibration:
+    """One calibration step from one window; unchanged when the window holds nothing to learn from."""
+    first = previous.samples == 0
     model = build_replica_model(replace(setup, efficiency=previous.efficiency(setup.efficiency)))
+    rate = sample.rate_per_replica if sample.rate_per_replica and sample.rate_per_replica > 0 else None
+
     decode, tpot_error = previous.decode_factor, None
-    if observed_tpot_s and running_per_replica >= MIN_RUNNING_FOR_DECODE_FIT:
-        predicted = float(estimate_at_concurrency(model, shape, running_per_replica).tpot_mean_s)
-        tpot_error = (predicted - observed_tpot_s) / observed_tpot_s * 100.0
-        decode = _smoothed(previous.decode_factor, previous.decode_factor * predicted / observed_tpot_s,
-                           previous.samples == 0)
+    if sample.tpot_mean_s and sample.running_per_replica >= MIN_RUNNING_FOR_DECODE_FIT:
+        if rate is not None:
+            predicted = float(estimate_at_rate(model, sample.shape, rate, sample.slots).tpot_mean_s)
+        else:
+            predicted = float(estimate_at_concurrency(model, sample.shape, sample.running_per_replica).tpot_mean_s)
+        tpot_error = (predicted - sample.tpot_mean_s) / sample.tpot_mean_s * 100.0
+        decode = _smoothed(previous.decode_factor, previous.decode_factor * predicted / sample.tpot_mean_s, first,
+                           SPEED_BOUNDS)
     prefill, ttft_error = previous.prefill_factor, None
-    if observed_prefill_s:
-        predicted_prefill = float(model.prefill_s(shape.input_tokens))
-        ttft_error = (predicted_prefill - observed_prefill_s) / observed_prefill_s * 100.0
-        prefill = _smoothed(previous.prefill_factor, previous.prefill_factor * predicted_prefill / observed_prefill_s,
-                            previous.samples == 0)
+    if sample.prefill_mean_s:
+        predicted_prefill = float(model.prefill_s(sample.shape.input_tokens))
+        ttft_error = (predicted_prefill - sample.prefill_mean_s) / sample.prefill_mean_s * 100.0
+        prefill = _smoothed(previous.prefill_factor,
+                            previous.prefill_factor * predicted_prefill / sample.prefill_mean_s, first, SPEED_BOUNDS)
     if tpot_error is None and ttft_error is None:
         return previous
-    return Calibration(decode_factor=decode, prefill_factor=prefill, tpot_error_pct=tpot_error,
-                       ttft_error_pct=ttft_error, samples=previous.samples + 1)
+
+    tpot_tail, ttft_tail = previous.tpot_tail_factor, previous.ttft_tail_factor
+    if rate is not None and sample.steady and (sample.tpot_quantile_s or sample.ttft_quantile_s):
+        speed = replace(previous, decode_factor=decode, prefill_factor=prefill)
+        calibrated = build_replica_model(replace(setup, efficiency=speed.efficiency(setup.efficiency)))
+        at = estimate_at_rate(calibrated, sample.shape, rate, sample.slots, sample.quantile)
+        if sample.tpot_quantile_s and bool(at.stable) and float(at.tpot_quantile_s) > 0:
+            tpot_tail = _smoothed(previous.tpot_tail_factor, sample.tpot_quantile_s / float(at.tpot_quantile_s),
+                                  first, TAIL_BOUNDS)
+        if sample.ttft_quantile_s and bool(at.stable) and float(at.ttft_quantile_s) > 0:
+            ttft_tail = _smoothed(previous.ttft_tail_factor, sample.ttft_quantile_s / float(at.ttft_quantile_s),
+                                  first, TAIL_BOUNDS)
+    return Calibration(decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
+                       ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,
+                       samples=previous.samples + 1)

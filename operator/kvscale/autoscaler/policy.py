@@ -74,15 +74,23 @@ class ScaleDecision:
     history: ScalingHistory = field(default_factory=ScalingHistory)
 
 
+def replica_slots(context: ReplicaContext, shape: RequestShape) -> int:
+    """Sequences one replica runs at once: max-num-seqs, or fewer when the KV cache holds fewer."""
+    by_cache = int(context.kv_cache_tokens // max(shape.input_tokens + shape.output_tokens, 1.0))
+    return min(context.max_num_seqs, max(1, by_cache))
+
+
 def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
-    """Requests/s one replica sustains with both SLOs held, under the calibrated model."""
-    setup = replace(context.setup, efficiency=context.calibration.efficiency(context.setup.efficiency))
-    model = build_replica_model(setup)
-    slots = min(context.max_num_seqs,
-                max(1, int(context.kv_cache_tokens // max(shape.input_tokens + shape.output_tokens, 1.0))))
+    """Requests/s one replica sustains with both SLOs held, under the calibrated model: its speed
+    factors rescale the model, its tail factors tighten the SLOs to what the model's percentiles
+    must stay under for the real percentiles to meet them."""
+    calibration = context.calibration
+    model = build_replica_model(replace(context.setup,
+                                        efficiency=calibration.efficiency(context.setup.efficiency)))
     slo = context.spec.slo
-    goodput = estimate_goodput(model, shape, np.array([slots], dtype=np.float64), ms_to_s(slo.ttft_ms),
-                               ms_to_s(slo.tpot_ms), slo.percentile / 100.0)
+    goodput = estimate_goodput(model, shape, np.array([replica_slots(context, shape)], dtype=np.float64),
+                               ms_to_s(slo.ttft_ms) / calibration.ttft_tail_factor,
+                               ms_to_s(slo.tpot_ms) / calibration.tpot_tail_factor, slo.percentile / 100.0)
     return float(goodput.request_rate[0])
 
 
@@ -100,9 +108,16 @@ def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem
 
 
 def _recommend(observation: Observation, context: ReplicaContext, goodput: float) -> tuple[int, str, list[str]]:
-    """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows."""
+    """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
+
+    Corrections for breaches and queues count only Ready replicas: replicas still loading a model
+    will relieve the breach when they come up, so asking again for each of their start-up cycles
+    would compound the same shortfall.
+    """
     spec = context.spec
     current = max(context.current_replicas, 1)
+    ready = max(min(context.ready_replicas, current), 1)
+    starting = context.ready_replicas < context.current_replicas
     demand = observation.request_rate or 0.0
     waiting = observation.waiting_requests or 0.0
     # Arrivals are finished requests plus what is piling up in the queue.
@@ -121,13 +136,15 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
         breaches.append(("tpot", tpot_ms / spec.slo.tpot_ms, f"{p} TPOT {tpot_ms:.1f} ms > SLO {spec.slo.tpot_ms:g}"))
     if breaches:
         name, ratio, text = max(breaches, key=lambda b: b[1])
-        corrected = max(current + 1, math.ceil(current * min(ratio, 2.0)))
-        if corrected > wanted:
+        corrected = max(ready + 1, math.ceil(ready * min(ratio, 2.0)))
+        if starting:
+            text += f" ({current - context.ready_replicas} replica(s) still starting)"
+        elif corrected > wanted:
             wanted, binding = corrected, name
         reasons.append(text)
-    per_replica_queue = waiting / current
-    if per_replica_queue > max(1.0, 0.1 * context.max_num_seqs):
-        drain = current + math.ceil(waiting / max(goodput * QUEUE_DRAIN_S, 1e-9))
+    per_replica_queue = waiting / ready
+    if per_replica_queue > max(1.0, 0.1 * context.max_num_seqs) and not starting:
+        drain = ready + math.ceil(waiting / max(goodput * QUEUE_DRAIN_S, 1e-9))
         if drain > wanted:
             wanted, binding = drain, "queue"
         reasons.append(f"{waiting:.0f} requests waiting")

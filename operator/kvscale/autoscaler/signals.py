@@ -30,6 +30,7 @@ class Observation:
     ttft_s: float | None  # at the SLO percentile
     tpot_s: float | None  # at the SLO percentile (inter-token latency)
     preemption_rate: float | None = None  # preemptions/s
+    tpot_mean_s: float | None = None  # mean time per output token over the window (for calibration)
 
 
 class ObservationProblem(str):
@@ -60,6 +61,7 @@ def check_observation(observation: Observation | None, now_s: float, max_age_s: 
         ("KV-cache usage", observation.kv_cache_usage, 1.5),
         ("TTFT", observation.ttft_s, MAX_PLAUSIBLE_LATENCY_S),
         ("TPOT", observation.tpot_s, MAX_PLAUSIBLE_LATENCY_S),
+        ("mean TPOT", observation.tpot_mean_s, MAX_PLAUSIBLE_LATENCY_S),
         ("preemption rate", observation.preemption_rate, MAX_PLAUSIBLE_REQUEST_RATE),
     )
     for name, value, upper in checks:

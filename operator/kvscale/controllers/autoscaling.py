@@ -7,7 +7,7 @@ only assembles its inputs from the live objects and maps its answer onto status 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ from kvscale.api.status import (
 )
 from kvscale.autoscaler import (
     Calibration,
+    CalibrationSample,
     Observation,
     ReplicaContext,
     ScaleDecision,
@@ -29,7 +30,7 @@ from kvscale.autoscaler import (
     calibrate,
     decide,
 )
-from kvscale.autoscaler.policy import METRICS_MAX_AGE_S
+from kvscale.autoscaler.policy import METRICS_MAX_AGE_S, replica_slots
 from kvscale.autoscaler.signals import check_observation
 from kvscale.perfmodel import RequestShape
 from kvscale.perfmodel.replica import ServingSetup
@@ -60,7 +61,23 @@ def previous_calibration(status: LLMDeploymentStatus | None) -> Calibration:
         return Calibration()
     c = status.calibration
     return Calibration(decode_factor=c.decode_factor, prefill_factor=c.prefill_factor,
+                       tpot_tail_factor=c.tpot_tail_factor or 1.0, ttft_tail_factor=c.ttft_tail_factor or 1.0,
                        tpot_error_pct=c.tpot_error_pct, ttft_error_pct=c.ttft_error_pct, samples=1)
+
+
+def calibration_sample(spec: LLMDeploymentSpec, context: ReplicaContext, observation: Observation,
+                       scaling: ScalingInput) -> CalibrationSample:
+    pods = max(observation.pods_scraped, 1)
+    shape = RequestShape(observation.mean_input_tokens or spec.workload.input_tokens,
+                         observation.mean_output_tokens or spec.workload.output_tokens)
+    return CalibrationSample(
+        shape=shape, quantile=spec.slo.percentile / 100.0,
+        running_per_replica=(observation.running_requests or 0.0) / pods,
+        rate_per_replica=None if observation.request_rate is None else observation.request_rate / pods,
+        slots=float(replica_slots(context, shape)),
+        tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
+        prefill_mean_s=scaling.prefill_s,
+        steady=(observation.waiting_requests or 0.0) / pods < 1.0 and context.ready_replicas >= context.current_replicas)
 
 
 def _observed_status(observation: Observation) -> ObservedStatus:
@@ -96,15 +113,14 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
     observation = scaling.observation
     problem = scaling.metrics_problem or check_observation(observation, scaling.now_s, METRICS_MAX_AGE_S)
     calibration = previous_calibration(previous)
-    if problem is None and observation is not None:
-        shape = RequestShape(observation.mean_input_tokens or spec.workload.input_tokens,
-                             observation.mean_output_tokens or spec.workload.output_tokens)
-        per_replica = (observation.running_requests or 0.0) / max(observation.pods_scraped, 1)
-        calibration = calibrate(calibration, setup, shape, per_replica, observation.tpot_s, scaling.prefill_s)
     context = ReplicaContext(spec=spec, setup=setup, max_num_seqs=chosen.max_num_seqs,
                              kv_cache_tokens=chosen.kv_cache_tokens, current_replicas=current_replicas,
                              ready_replicas=ready_replicas, free_replica_slots=free_replica_slots,
                              calibration=calibration)
+    if problem is None and observation is not None:
+        context = replace(context, calibration=calibrate(calibration, setup,
+                                                         calibration_sample(spec, context, observation, scaling)))
+        calibration = context.calibration
     decision = decide(None if scaling.metrics_problem else observation, context, scaling.history, scaling.now_s)
 
     conditions = status.conditions
@@ -122,6 +138,8 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
     if calibration.samples:
         updates["calibration"] = CalibrationStatus(
             decode_factor=round(calibration.decode_factor, 4), prefill_factor=round(calibration.prefill_factor, 4),
+            tpot_tail_factor=round(calibration.tpot_tail_factor, 4),
+            ttft_tail_factor=round(calibration.ttft_tail_factor, 4),
             ttft_error_pct=None if calibration.ttft_error_pct is None else round(calibration.ttft_error_pct, 1),
             tpot_error_pct=None if calibration.tpot_error_pct is None else round(calibration.tpot_error_pct, 1))
     auto = spec.scaling.mode == ScalingMode.AUTO

@@ -82,6 +82,10 @@ def build_queries(labels: MetricsLabels, window_s: int, quantile: float) -> dict
                             _quantile("vllm:inter_token_latency_seconds", labels, w, quantile),
                             _quantile("vllm:time_per_output_token_seconds", labels, w, quantile),
                             _quantile("sglang:inter_token_latency_seconds", labels, w, quantile)),
+        "tpot_mean_s": _first_of(_mean_of_histogram("vllm:request_time_per_output_token_seconds", labels, w),
+                                 _mean_of_histogram("vllm:inter_token_latency_seconds", labels, w),
+                                 _mean_of_histogram("vllm:time_per_output_token_seconds", labels, w),
+                                 _mean_of_histogram("sglang:inter_token_latency_seconds", labels, w)),
         "preemption_rate": _sum_rate("vllm:num_preemptions_total", labels, w),
         "prefill_s": _mean_of_histogram("vllm:request_prefill_time_seconds", labels, w),
     }

@@ -91,6 +91,7 @@ class PrometheusSource:
                 ttft_s=get("ttft_s"),
                 tpot_s=get("tpot_s"),
                 preemption_rate=get("preemption_rate"),
+                tpot_mean_s=_finite(get("tpot_mean_s")),
             )
             prefill_value = _finite(get("prefill_s"))
             if prefill_value is not None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from kvscale.autoscaler import (
     Calibration,
+    CalibrationSample,
     Observation,
     ReplicaContext,
     ScaleDecision,
@@ -24,6 +25,7 @@ from kvscale.autoscaler import (
     calibrate,
     decide,
 )
+from kvscale.autoscaler.policy import replica_slots
 from kvscale.perfmodel import RequestShape
 from kvscale.sim.deployment import SimulatedDeployment
 from kvscale.sim.observe import WindowStats
@@ -85,13 +87,23 @@ class KvscalePolicy:
     def desired_replicas(self, stats: WindowStats, fleet: FleetState) -> int:
         d = self.deployment
         observation = stats.observation
-        if self.calibrated:
-            self.calibration = calibrate(self.calibration, d.setup, _shape(observation, d), stats.running_per_replica,
-                                         stats.mean_tpot_s, stats.mean_prefill_s)
         context = ReplicaContext(spec=d.spec, setup=d.setup, max_num_seqs=d.max_num_seqs,
                                  kv_cache_tokens=d.chosen.kv_cache_tokens, current_replicas=fleet.current_replicas,
                                  ready_replicas=fleet.ready_replicas, free_replica_slots=fleet.free_replica_slots,
                                  calibration=self.calibration)
+        if self.calibrated and observation.pods_scraped:
+            shape = _shape(observation, d)
+            rate = observation.request_rate
+            sample = CalibrationSample(
+                shape=shape, quantile=d.spec.slo.percentile / 100.0, running_per_replica=stats.running_per_replica,
+                rate_per_replica=None if rate is None else rate / observation.pods_scraped,
+                slots=float(replica_slots(context, shape)), tpot_mean_s=stats.mean_tpot_s,
+                tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
+                prefill_mean_s=stats.mean_prefill_s,
+                steady=(observation.waiting_requests or 0.0) / observation.pods_scraped < 1.0
+                and fleet.ready_replicas >= fleet.current_replicas)
+            self.calibration = calibrate(self.calibration, d.setup, sample)
+            context = replace(context, calibration=self.calibration)
         decision = decide(observation, context, self.history, fleet.now_s)
         self.history = decision.history
         self.last = decision

@@ -32,6 +32,7 @@ typecheck: venv
 
 crds: venv
 	$(PY) -m kvscale.api.crd --out crds/
+	cp crds/llmdeployments.kvscale.dev.yaml helm/kvscale/crds/llmdeployments.kvscale.dev.yaml
 
 test-unit: venv
 	$(VENV)/bin/pytest -q tests/unit

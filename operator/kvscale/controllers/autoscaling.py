@@ -77,7 +77,8 @@ def calibration_sample(spec: LLMDeploymentSpec, context: ReplicaContext, observa
         slots=float(replica_slots(context, shape)),
         tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
         prefill_mean_s=scaling.prefill_s,
-        steady=(observation.waiting_requests or 0.0) / pods < 1.0 and context.ready_replicas >= context.current_replicas)
+        steady=(observation.waiting_requests or 0.0) / pods < 1.0
+        and context.ready_replicas >= context.current_replicas)
 
 
 def _observed_status(observation: Observation) -> ObservedStatus:

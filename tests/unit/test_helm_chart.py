@@ -129,7 +129,8 @@ JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null
 
 
 def test_schema_is_well_formed_draft_07() -> None:
-    """A structural check of values.schema.json (helm compiles it against the meta-schema as well)."""
+    """A structural check of values.schema.json; helm also validates it against the draft-07 meta-schema
+    whenever it renders (test_default_values_lint_strict)."""
     doc = schema()
     assert doc["$schema"] == "http://json-schema.org/draft-07/schema#"
     containers = {"properties", "definitions"}
@@ -537,3 +538,10 @@ def test_notes_tell_what_to_do_next(helm: str, tmp_path: Path) -> None:
     assert "kubectl apply -n team-a -f" in scoped and "It watches only: team-a." in scoped
     assert "one works, the others stand by" in scoped
     assert "prometheusUrl" not in scoped
+
+
+def test_kube_version_floor(helm: str) -> None:
+    ok = run_helm(helm, "template", "kvscale", str(CHART), "--kube-version", "1.28.0")
+    assert ok.returncode == 0, ok.stderr
+    old = run_helm(helm, "template", "kvscale", str(CHART), "--kube-version", "1.27.9")
+    assert old.returncode != 0 and "kubeVersion" in old.stderr, old.stderr

@@ -59,6 +59,15 @@ class Calibration:
     tpot_error_pct: float | None = None
     ttft_error_pct: float | None = None
     samples: int = 0
+    # The request shape, smoothed over windows: one minute of unusually long prompts should not
+    # halve the goodput estimate (and double the replicas) by itself.
+    input_tokens: float | None = None
+    output_tokens: float | None = None
+
+    def shape(self, fallback: RequestShape) -> RequestShape:
+        if self.input_tokens is None or self.output_tokens is None:
+            return fallback
+        return RequestShape(self.input_tokens, self.output_tokens)
 
     def efficiency(self, base: EfficiencyFactors) -> EfficiencyFactors:
         return base.scaled(decode=self.decode_factor, prefill=self.prefill_factor)
@@ -73,6 +82,10 @@ def _smoothed(previous: float, target: float, first: bool, bounds: tuple[float, 
         return _bounded(target, bounds)  # speed: trust the first sample; tails: always approach from 1
     log_value = (1 - SMOOTHING) * math.log(previous) + SMOOTHING * math.log(_bounded(target, bounds))
     return _bounded(math.exp(log_value), bounds)
+
+
+def _smoothed_value(previous: float | None, sample: float) -> float:
+    return sample if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * sample
 
 
 def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSample) -> Calibration:
@@ -98,6 +111,8 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
                             previous.prefill_factor * predicted_prefill / sample.prefill_mean_s, first, SPEED_BOUNDS)
     if tpot_error is None and ttft_error is None:
         return previous
+    input_tokens = _smoothed_value(previous.input_tokens, sample.shape.input_tokens)
+    output_tokens = _smoothed_value(previous.output_tokens, sample.shape.output_tokens)
 
     tpot_tail, ttft_tail = previous.tpot_tail_factor, previous.ttft_tail_factor
     if rate is not None and sample.steady and (sample.tpot_quantile_s or sample.ttft_quantile_s):
@@ -112,4 +127,4 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
                                   first, TAIL_BOUNDS)
     return Calibration(decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
                        ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,
-                       samples=previous.samples + 1)
+                       samples=previous.samples + 1, input_tokens=input_tokens, output_tokens=output_tokens)

@@ -159,7 +159,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         text = problem or "no metrics"
         return _hold(context, history, f"holding {context.current_replicas} replicas: {text}", text)
 
-    shape = _shape(observation, spec)
+    shape = context.calibration.shape(_shape(observation, spec))
     goodput = replica_goodput(context, shape)
     wanted, binding, reasons = _recommend(observation, context, goodput)
     low, high = spec.scaling.min_replicas, spec.scaling.max_replicas

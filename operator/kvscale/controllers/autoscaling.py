@@ -7,7 +7,7 @@ only assembles its inputs from the live objects and maps its answer onto status 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,7 +46,7 @@ class ScalingInput:
     prefill_s: float | None
     history: ScalingHistory
     now_s: float
-    bound_pods: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    bound_pods: Sequence[Mapping[str, Any]] | None = None  # None: unknown, so free GPUs are unknown
 
 
 @dataclass(frozen=True)

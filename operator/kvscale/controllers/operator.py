@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -144,11 +145,12 @@ class OperatorState:
         except MetricsUnavailableError as exc:
             problem = str(exc)
             log.warning("metrics unavailable: %s", exc)
+        pods: list[dict[str, Any]] | None
         try:
             pods = self.cluster.list_bound_pods()
-        except Exception:
-            log.exception("listing pods failed; free GPU capacity unknown this cycle")
-            pods = []
+        except Exception as exc:  # e.g. namespace-scoped RBAC cannot list pods cluster-wide
+            log.warning("listing pods failed (%s); free GPU capacity unknown this cycle", exc)
+            pods = None
         return {
             (key.namespace, key.name): ScalingInput(
                 observation=observations.get(key), metrics_problem=problem, prefill_s=prefill.get(key),
@@ -227,6 +229,8 @@ def run_operator(config: OperatorConfig, liveness_endpoint: str | None) -> None:
         registry=registry,
         standalone=config.peering is None,
         peering_name=config.peering,
+        # kopf pauses every peer that shares a priority: give each pod its own.
+        priority=secrets.randbelow(2**31 - 1) + 1 if config.peering else 0,
         clusterwide=not config.namespaces,
         namespaces=list(config.namespaces),
         liveness_endpoint=liveness_endpoint,

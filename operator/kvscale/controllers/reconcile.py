@@ -197,7 +197,8 @@ class Reconciler:
         scale_reason = None
         settled = live is not None and previous is not None and previous.observed_generation == generation
         if run.scaling is not None and spec.scaling.mode != ScalingMode.OFF and settled:
-            free = count_free_replica_slots(nodes, run.scaling.bound_pods, gpu, chosen.tensor_parallel)
+            pods = run.scaling.bound_pods
+            free = None if pods is None else count_free_replica_slots(nodes, pods, gpu, chosen.tensor_parallel)
             result = autoscale(spec, chosen_setup(inputs, chosen), chosen, status, previous, replicas,
                                replica_counts(live)[1], free, run.scaling, now)
             status, replicas = result.status, result.replicas

@@ -79,3 +79,15 @@ def normal_quantile(quantile: float) -> float:
     r = q * q
     return float((((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q
                  / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1))
+
+
+def gg1_wait_quantile_s(utilisation: ArrayLike, service_s: ArrayLike, quantile: float,
+                        arrival_scv: float = 1.0, service_scv: float = 0.0) -> Array:
+    """The `quantile` of waiting time in a G/G/1 queue, from the heavy-traffic exponential tail
+    P(W > t) = ρ·exp(-2(1-ρ)t / (S(c_a² + c_s²))), where c² are squared coefficients of variation.
+
+    With c_a² = c_s² = 1 it is the M/M/1 formula; deterministic service (c_s² = 0, a prompt of a given
+    length) halves the tail.
+    """
+    variability = (arrival_scv + service_scv) / 2.0
+    return mm1_wait_quantile_s(utilisation, np.asarray(service_s, dtype=np.float64) * variability, quantile)

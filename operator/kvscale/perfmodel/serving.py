@@ -3,7 +3,7 @@
 A replica keeps up to `max_num_seqs` sequences running. Every step decodes one token for each and,
 with chunked prefill, spends the rest of the token budget on waiting prompts; so prompts slow the
 decodes they share steps with. Arrivals queue for a free slot (M/M/c over the slots) and then for
-prefill capacity (M/M/1 over the token budget). All functions broadcast over numpy arrays.
+prefill capacity (G/G/1 over the token budget). All functions broadcast over numpy arrays.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kvscale.perfmodel.queueing import mm1_wait_quantile_s, mmc_wait_quantile_s, normal_quantile
+from kvscale.perfmodel.queueing import gg1_wait_quantile_s, mmc_wait_quantile_s, normal_quantile
 from kvscale.perfmodel.replica import ReplicaModel
 
 Array = NDArray[np.float64]
@@ -206,7 +206,9 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     stable = rate < full.request_rate
     slot_wait = mmc_wait_quantile_s(cap, rate, service_full_s, quantile)
     prefill_rho = rate / _prefill_capacity_rate(model, shape, running)
-    prefill_wait = mm1_wait_quantile_s(prefill_rho, own_prefill, quantile)
+    # Poisson arrivals, deterministic prefill of a mean-length prompt: variable lengths are learned
+    # online as a tail factor (kvscale.autoscaler.calibration).
+    prefill_wait = gg1_wait_quantile_s(prefill_rho, own_prefill, quantile)
     alignment = mean / 2.0  # an arrival lands mid-step
     ttft_q = np.where(stable, own_prefill + alignment + slot_wait + prefill_wait, np.inf)
     ttft_mean = np.where(stable, own_prefill + alignment, np.inf)

@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 lint: venv
-	$(VENV)/bin/ruff check operator tests benchmarks
+	$(VENV)/bin/ruff check operator tests benchmarks demo
 	$(VENV)/bin/lint-imports
 
 typecheck: venv
@@ -59,7 +59,10 @@ bench: venv
 plan: venv
 	@for f in examples/*.yaml; do echo "=== $$f"; $(VENV)/bin/kvscale plan -f $$f || exit 1; done
 
-demo: plan
+# The main demo: the operator autoscaling a simulated Llama-3.1-8B fleet through a trace-replayed load
+# surge on the local test bed (started if needed, and stopped again only then); about five minutes.
+demo: venv testbed-build
+	$(PY) demo/run_demo.py
 
 clean:
 	rm -rf $(VENV) .testbed demo-out bench-out

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-bed`: start the bed, run tests/bed against it, always stop it again.
+# `make test-bed`: start the bed, run tests/bed and tests/e2e against it, always stop it again.
 # A bed that fails to start, a failing test, or no collected bed test (pytest exit 5) all fail.
 # Extra arguments go to pytest. KVSCALE_BED_KEEP=1 leaves the bed up afterwards (debugging);
 # KVSCALE_BED_TEST_TIMEOUT_S (default 300) is the per-test deadline.
@@ -26,7 +26,7 @@ T1=$(date +%s)
 tb_log "bed up in $((T1 - T0))s; running the bed tests"
 
 # A per-test deadline (pytest-timeout) so a hung test fails the run instead of stalling CI.
-KVSCALE_BED=1 "$PYTEST" -q --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" tests/bed "$@"
+KVSCALE_BED=1 "$PYTEST" -q --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" tests/bed tests/e2e "$@"
 rc=$?
 tb_log "pytest exit $rc after $(($(date +%s) - T1))s"
 if [ "$rc" -eq 5 ]; then

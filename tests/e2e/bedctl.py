@@ -1,0 +1,189 @@
+"""The shared test bed from outside pytest fixtures: connect to it, and stop / restart its Prometheus.
+
+Used by the e2e tests and by demo/run_demo.py. The bed itself is started by tests/testbed/up.sh
+(`make testbed-up`); this module never starts or stops the whole bed.
+
+Prometheus restart (`BED_PROMETHEUS.outage()`, `.stop()`, `.start()`): stop() remembers the exact
+command line of the running process (from /proc/PID/cmdline, i.e. what up.sh started: same config
+file, listen address, TSDB path and flags) and start() starts it again with that command line,
+detached in its own session like up.sh's `setsid ... &`, appending to the same log and writing the
+same PID file (.testbed/pids/prometheus.pid), so down.sh and every other test see the same Prometheus
+afterwards. Only the MetricsUnavailable e2e test stops the bed's Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+TESTBED_DIR = REPO_ROOT / "tests" / "testbed"
+if str(TESTBED_DIR) not in sys.path:  # bedkit lives there (tests/conftest.py does the same for pytest)
+    sys.path.insert(0, str(TESTBED_DIR))
+
+from bedkit import BIN_DIR, STATE_DIR, Kube, Prometheus, wait_until  # noqa: E402
+
+PIDS_DIR = STATE_DIR / "pids"
+LOGS_DIR = STATE_DIR / "logs"
+
+
+class BedUnavailableError(RuntimeError):
+    """The test bed is not up (run `make testbed-up`)."""
+
+
+def binary(name: str) -> str:
+    """A bed binary: from the cache (~/.cache/kvscale/testbed/bin) first, then PATH."""
+    found = shutil.which(name, path=str(BIN_DIR)) or shutil.which(name)
+    if found is None:
+        raise BedUnavailableError(f"no {name} in {BIN_DIR} or on PATH (run `make testbed-build`)")
+    return found
+
+
+def connect_kube() -> Kube:
+    """A `Kube` for the bed's API server, or BedUnavailableError."""
+    kubeconfig = STATE_DIR / "kubeconfig"
+    if not kubeconfig.is_file():
+        raise BedUnavailableError(f"{kubeconfig} does not exist")
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        client.VersionApi(api_client).get_code(_request_timeout=5)
+    except Exception as exc:
+        api_client.close()
+        raise BedUnavailableError(f"kube-apiserver from {kubeconfig} does not answer: {exc!r}") from exc
+    return Kube(kubeconfig=kubeconfig, api_client=api_client, kubectl_bin=binary("kubectl"))
+
+
+def prometheus_url() -> str:
+    url_file = STATE_DIR / "prometheus-url"
+    if not url_file.is_file():
+        raise BedUnavailableError(f"{url_file} does not exist")
+    return url_file.read_text().strip()
+
+
+def prometheus_ready(url: str | None = None, timeout: float = 3) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url or prometheus_url()}/-/ready", timeout=timeout) as resp:
+            resp.read()
+            return bool(resp.status == 200)
+    except (OSError, urllib.error.URLError, BedUnavailableError):
+        return False
+
+
+def connect_prometheus() -> Prometheus:
+    url = prometheus_url()
+    targets_dir = STATE_DIR / "prometheus" / "targets"
+    if not targets_dir.is_dir():
+        raise BedUnavailableError(f"{targets_dir} does not exist")
+    if not prometheus_ready(url):
+        raise BedUnavailableError(f"Prometheus at {url} is not ready")
+    return Prometheus(url=url, targets_dir=targets_dir)
+
+
+def bed_healthy() -> bool:
+    """True when the API server and Prometheus both answer (what up.sh's own health check looks at)."""
+    try:
+        kube = connect_kube()
+    except BedUnavailableError:
+        return False
+    kube.api_client.close()
+    return prometheus_ready()
+
+
+# --- Prometheus stop / restart (the MetricsUnavailable test only) ---------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.readlink(f"/proc/{pid}/exe")  # fails for a gone or zombie process
+    except OSError:
+        return False
+    return True
+
+
+def _up_sh_argv() -> list[str]:
+    """Prometheus's command line exactly as tests/testbed/up.sh writes it (when none was saved)."""
+    ports = dict(line.split("=", 1) for line in (STATE_DIR / "ports.env").read_text().split() if "=" in line)
+    prom = STATE_DIR / "prometheus"
+    return [binary("prometheus"), f"--config.file={prom / 'prometheus.yml'}",
+            f"--web.listen-address=127.0.0.1:{ports['PROMETHEUS_PORT']}", "--web.enable-lifecycle",
+            f"--storage.tsdb.path={prom / 'data'}", "--storage.tsdb.retention.time=1d"]
+
+
+@dataclass(frozen=True)
+class PrometheusProcess:
+    """A Prometheus known by its PID file (the bed's by default), stopped and restarted identically."""
+
+    pid_file: Path = PIDS_DIR / "prometheus.pid"
+    log_file: Path = LOGS_DIR / "prometheus.log"
+    argv_file: Path = STATE_DIR / "prometheus" / "argv.json"  # its command line, saved by stop()
+    url: str | None = None  # None: the bed's (.testbed/prometheus-url)
+
+    def pid(self) -> int | None:
+        """The recorded PID if that process is alive and really is prometheus (as lib.sh's pid_of)."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if Path(exe.removesuffix(" (deleted)")).name == "prometheus" else None
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM it (by its PID file, never by name), remembering its command line; wait until it is gone."""
+        pid = self.pid()
+        if pid is None:
+            raise BedUnavailableError(f"no running Prometheus recorded in {self.pid_file}")
+        argv = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if a]
+        self.argv_file.write_text(json.dumps(argv))
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not _alive(pid), 10, f"Prometheus (pid {pid}) to exit after SIGKILL")
+
+    def start(self, timeout: float = 60) -> int:
+        """Start it again with the same command line, log and PID file; wait until it is ready."""
+        running = self.pid()
+        if running is not None:
+            return running
+        argv = json.loads(self.argv_file.read_text()) if self.argv_file.is_file() else _up_sh_argv()
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        # Detached like up.sh's `setsid "$@" >log 2>&1 </dev/null &`: the shell exits at once, so the
+        # new Prometheus is nobody's child here and outlives this process.
+        out = subprocess.run(
+            ["sh", "-c", 'log=$1; shift; setsid "$@" >>"$log" 2>&1 </dev/null & echo $!', "sh",
+             str(self.log_file), *argv],
+            capture_output=True, text=True, check=True, timeout=30,
+        )
+        pid = int(out.stdout.strip())
+        self.pid_file.write_text(f"{pid}\n")
+        wait_until(lambda: _alive(pid) and prometheus_ready(self.url, timeout=2), timeout,
+                   f"the restarted Prometheus (pid {pid}) to be ready")
+        return pid
+
+    @contextmanager
+    def outage(self) -> Iterator[None]:
+        """Down inside the block; always started again (same port, config, data, PID file) after it."""
+        self.stop()
+        try:
+            yield
+        finally:
+            self.start()
+
+
+BED_PROMETHEUS = PrometheusProcess()

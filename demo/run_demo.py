@@ -247,16 +247,21 @@ class Demo:
                                  max_duration_s=args.duration, max_in_flight=400, drain_timeout_s=45,
                                  seed=args.seed).start()
             self.print_header()
-            next_at = TABLE_EVERY_S
+            next_at, failures = TABLE_EVERY_S, 0
             while load.running:
                 time.sleep(max(0.0, next_at - load.elapsed()))
                 next_at += TABLE_EVERY_S
                 try:
                     row = self.sample(kube, prometheus, namespace, load,
                                       schedule_rate(schedule, load.elapsed() - TABLE_EVERY_S / 2, TABLE_EVERY_S))
-                except Exception as exc:  # an API blip must not end the demo
-                    log(f"(could not sample: {exc!r})")
+                except Exception as exc:  # an API blip must not end the demo...
+                    failures += 1
+                    log(f"(could not sample: {type(exc).__name__}: {str(exc)[:100]})")
+                    if failures * TABLE_EVERY_S >= 20 and not bed_healthy():  # ...but a bed that went away does
+                        log("the test bed stopped answering (stopped by someone else?): ending the load early")
+                        load.stop()
                     continue
+                failures = 0
                 self.rows.append(row)
                 self.print_row(row)
             report = load.report()

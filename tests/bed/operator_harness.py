@@ -34,14 +34,15 @@ def install_crd(kube: Kube) -> None:
 
 
 @contextmanager
-def running_operator(kube: Kube, scan_interval_s: float = 2.0,
-                     namespaces: tuple[str, ...] = ()) -> Iterator[RunningOperator]:
+def running_operator(kube: Kube, scan_interval_s: float = 2.0, namespaces: tuple[str, ...] = (),
+                     prometheus_url: str | None = None) -> Iterator[RunningOperator]:
     from kubernetes.config import kube_config
 
     os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's own login reads it
     kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kube.kubeconfig)  # read at import time otherwise
     registry, state = build_registry(OperatorConfig(namespaces=namespaces, scan_interval_s=scan_interval_s,
-                                                    kubeconfig=str(kube.kubeconfig)))
+                                                    kubeconfig=str(kube.kubeconfig),
+                                                    prometheus_url=prometheus_url))
     stop, ready = threading.Event(), threading.Event()
 
     def serve() -> None:

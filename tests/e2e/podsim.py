@@ -312,11 +312,19 @@ class PodSim:
 
     # --- the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
+        failing = False
         while not self._stop.is_set():
             try:
                 self.sync_once()
-            except Exception:  # the bed's API may blip; keep the simulators we have and retry
-                log.exception("podsim sync failed; retrying")
+            except Exception as exc:  # the bed's API may blip: keep the simulators we have and retry
+                if not failing:
+                    log.warning("podsim: sync failed, keeping the simulators and retrying: %s", str(exc)[:200])
+                log.debug("podsim sync failure", exc_info=True)
+                failing = True
+            else:
+                if failing:
+                    log.warning("podsim: the API server answers again")
+                failing = False
             self._stop.wait(self.poll_interval_s)
 
     def _running_pods(self) -> dict[str, dict[str, Any]]:

@@ -25,7 +25,7 @@ from kvscale.autoscaler import Observation, ScalingHistory
 from kvscale.controllers.autoscaling import ScalingInput
 from kvscale.controllers.reconcile import Outcome, Reconciler
 from kvscale.controllers.telemetry import Telemetry
-from kvscale.kube.cluster import PLURAL, Cluster
+from kvscale.kube.cluster import PLURAL, Cluster, use_kubeconfig
 from kvscale.metrics import DeploymentKey, MetricsUnavailableError, PrometheusSource
 
 log = logging.getLogger("kvscale.operator")
@@ -177,6 +177,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # A fresh registry has none of kopf's default login handlers: authenticate the way the
         # official client does (KUBECONFIG, ~/.kube/config, or the in-cluster service account).
+        use_kubeconfig(config.kubeconfig)
         info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
         return info
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from kubernetes import config, dynamic
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import kube_config
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
 from kvscale.api.conditions import format_time
@@ -26,6 +27,16 @@ PLURAL = "llmdeployments"
 MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "kvscale"
 T = TypeVar("T")
+
+
+def use_kubeconfig(path: str | None) -> None:
+    """Make `path` the official client's default kubeconfig (also for kopf's client-based login).
+
+    The client reads $KUBECONFIG once, when it is first imported, which is before a command line
+    flag can be applied.
+    """
+    if path:
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = path
 
 
 class KubeApiError(KvscaleError):

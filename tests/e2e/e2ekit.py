@@ -3,10 +3,7 @@ and a recorder of replicas and conditions over time."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
-import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -16,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bedkit import Kube, wait_until
+from bedkit import Kube
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCALE_SUBJECT = "kvscale.dev/llmdeployment"
@@ -30,39 +27,11 @@ def operator_with_metrics(kube: Kube, namespaces: tuple[str, ...], prometheus_ur
     Uses tests/bed/operator_harness.running_operator when it takes `prometheus_url`; until then the
     same wiring with `OperatorConfig.prometheus_url` set (delete the fallback once the harness has it).
     """
-    import kopf
-    import kubernetes.config.kube_config
     import operator_harness
 
-    from kvscale.controllers.operator import OperatorConfig, build_registry
-
-    # kopf's login (`kopf.login_via_client`) loads the kubeconfig at KUBE_CONFIG_DEFAULT_LOCATION, which
-    # the kubernetes package read from $KUBECONFIG when it was first imported, long before a test sets it.
-    kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kube.kubeconfig)
-    harness: Any = operator_harness.running_operator
-    if "prometheus_url" in inspect.signature(harness).parameters:
-        with harness(kube, scan_interval_s=scan_interval_s, namespaces=namespaces,
-                     prometheus_url=prometheus_url) as running:
-            yield running
-        return
-    os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's own login reads it
-    registry, state = build_registry(OperatorConfig(namespaces=namespaces, scan_interval_s=scan_interval_s,
-                                                    kubeconfig=str(kube.kubeconfig), prometheus_url=prometheus_url))
-    stop, ready = threading.Event(), threading.Event()
-
-    def serve() -> None:
-        asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespaces,
-                                  namespaces=list(namespaces), stop_flag=stop, ready_flag=ready))
-
-    thread = threading.Thread(target=serve, name="kvscale-operator", daemon=True)
-    thread.start()
-    assert ready.wait(60), "operator did not become ready in 60 s"
-    wait_until(lambda: state.cluster is not None, 30, "operator startup")
-    try:
-        yield operator_harness.RunningOperator(state=state, stop=stop, thread=thread)
-    finally:
-        stop.set()
-        thread.join(30)
+    with operator_harness.running_operator(kube, scan_interval_s=scan_interval_s, namespaces=namespaces,
+                                           prometheus_url=prometheus_url) as running:
+        yield running
 
 
 def load_document(path: Path, name: str | None = None, **spec_changes: Any) -> dict[str, Any]:

@@ -5,23 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-from kvscale.api.spec import load_resource
-from kvscale.catalog import read_config_json
 from kvscale.cli.render import render_plan
+from kvscale.cli.resource import load_resource_with_config
 from kvscale.planner import build_plan_inputs, plan_deployment
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    resource = load_resource(path)
-    config: dict[str, Any] | None = None
-    if resource.spec.model.config_path:
-        config_path = Path(resource.spec.model.config_path)
-        if not config_path.is_absolute():
-            config_path = path.parent / config_path
-        config = read_config_json(config_path)
+    resource, config = load_resource_with_config(Path(args.file))
     plan = plan_deployment(build_plan_inputs(resource.spec, config))
     if args.output == "json":
         print(json.dumps(plan.to_dict(), indent=2))

@@ -10,7 +10,7 @@ import argparse
 import json
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvscale.errors import InvalidSpecError, KvscaleError
 
@@ -65,18 +65,11 @@ def load_trace(text: str) -> Trace:
 
 
 def load_deployment(path: Path) -> SimulatedDeployment:
-    from kvscale.api.spec import load_resource
-    from kvscale.catalog import read_config_json
+    from kvscale.cli.resource import load_resource_with_config
     from kvscale.planner import build_plan_inputs
     from kvscale.sim import build_simulated_deployment
 
-    resource = load_resource(path)
-    config: dict[str, Any] | None = None
-    if resource.spec.model.config_path:
-        config_path = Path(resource.spec.model.config_path)
-        if not config_path.is_absolute():
-            config_path = path.parent / config_path
-        config = read_config_json(config_path)
+    resource, config = load_resource_with_config(path)
     return build_simulated_deployment(build_plan_inputs(resource.spec, config))
 
 

@@ -301,13 +301,8 @@ class Reconciler:
             run.outcome.writes.append("patch Service")
 
     def _scaling_events(self, run: _Pass, previous: LLMDeploymentStatus | None, status: LLMDeploymentStatus) -> None:
-        if _condition_changed(previous, status, ConditionType.METRICS_UNAVAILABLE):
-            condition = find_condition(status.conditions, ConditionType.METRICS_UNAVAILABLE)
-            if condition is not None and condition.status == ConditionStatus.TRUE:
-                self._event(run, "Warning", EventReason.METRICS_UNAVAILABLE, condition.message)
-            elif condition is not None and previous is not None and find_condition(
-                    previous.conditions, ConditionType.METRICS_UNAVAILABLE) is not None:
-                self._event(run, "Normal", EventReason.METRICS_AVAILABLE, condition.message)
+        self._flip_event(run, previous, status, ConditionType.METRICS_UNAVAILABLE,
+                         EventReason.METRICS_UNAVAILABLE, EventReason.METRICS_AVAILABLE)
         spec_mode = (run.body.get("spec") or {}).get("scaling", {}).get("mode", ScalingMode.AUTO.value)
         decision = status.last_scale_decision
         if spec_mode == ScalingMode.RECOMMEND.value and decision is not None and (
@@ -343,13 +338,21 @@ class Reconciler:
         elif _condition_changed(previous, status, ConditionType.INFEASIBLE):
             self._event(run, "Warning", EventReason.INFEASIBLE,
                         plan.explanation + " Relax the SLO, add GPU types or lower the workload.")
-        if _condition_changed(previous, status, ConditionType.INSUFFICIENT_CAPACITY):
-            condition = find_condition(status.conditions, ConditionType.INSUFFICIENT_CAPACITY)
-            if condition is not None and condition.status == ConditionStatus.TRUE:
-                self._event(run, "Warning", EventReason.INSUFFICIENT_CAPACITY, condition.message)
-            elif condition is not None and previous is not None and find_condition(
-                    previous.conditions, ConditionType.INSUFFICIENT_CAPACITY) is not None:
-                self._event(run, "Normal", EventReason.CAPACITY_AVAILABLE, condition.message)
+        self._flip_event(run, previous, status, ConditionType.INSUFFICIENT_CAPACITY,
+                         EventReason.INSUFFICIENT_CAPACITY, EventReason.CAPACITY_AVAILABLE)
+
+    def _flip_event(self, run: _Pass, previous: LLMDeploymentStatus | None, status: LLMDeploymentStatus,
+                    type_: str, raised: EventReason, cleared: EventReason) -> None:
+        """A Warning when a problem condition turns True (or its message changes), a Normal when it clears."""
+        if not _condition_changed(previous, status, type_):
+            return
+        condition = find_condition(status.conditions, type_)
+        if condition is None:
+            return
+        if condition.status == ConditionStatus.TRUE:
+            self._event(run, "Warning", raised, condition.message)
+        elif previous is not None and find_condition(previous.conditions, type_) is not None:
+            self._event(run, "Normal", cleared, condition.message)
 
     def _event(self, run: _Pass, type_: str, reason: EventReason, message: str) -> None:
         record = EventRecord(type=type_, reason=reason.value, message=message)

@@ -102,3 +102,19 @@ def container_args(deployment: dict[str, Any]) -> list[str]:
 
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
+
+
+def load_document(path: Path, name: str | None = None, **spec_changes: Any) -> dict[str, Any]:
+    """A resource YAML as a dict, renamed and with dotted spec fields changed (`scaling.mode="Recommend"`)."""
+    import yaml
+
+    document: dict[str, Any] = yaml.safe_load(path.read_text())
+    if name is not None:
+        document["metadata"]["name"] = name
+    for dotted, value in spec_changes.items():
+        node = document["spec"]
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return document

@@ -18,6 +18,7 @@ from operator_harness import (
     flag,
     get,
     install_crd,
+    load_document,
     running_operator,
     wait_condition,
 )
@@ -44,14 +45,7 @@ def apply(kube: Kube, namespace: str, document: dict[str, Any] | str) -> None:
 
 
 def resource(path: Path, **spec_changes: Any) -> dict[str, Any]:
-    document: dict[str, Any] = yaml.safe_load(path.read_text())
-    for dotted, value in spec_changes.items():
-        node = document["spec"]
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return document
+    return load_document(path, **spec_changes)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])

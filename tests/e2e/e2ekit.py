@@ -34,20 +34,6 @@ def operator_with_metrics(kube: Kube, namespaces: tuple[str, ...], prometheus_ur
         yield running
 
 
-def load_document(path: Path, name: str | None = None, **spec_changes: Any) -> dict[str, Any]:
-    """A resource YAML as a dict, renamed and with dotted spec fields changed (`scaling.mode="Recommend"`)."""
-    document: dict[str, Any] = yaml.safe_load(path.read_text())
-    if name is not None:
-        document["metadata"]["name"] = name
-    for dotted, value in spec_changes.items():
-        node = document["spec"]
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return document
-
-
 def apply(kube: Kube, namespace: str, document: Mapping[str, Any] | str) -> None:
     text = document if isinstance(document, str) else yaml.safe_dump(dict(document))
     result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=text)

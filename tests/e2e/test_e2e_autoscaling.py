@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from bedctl import BED_PROMETHEUS
 from bedkit import Kube, Prometheus, wait_until
-from e2ekit import Recorder, apply, load_document, operator_with_metrics
+from e2ekit import Recorder, apply, operator_with_metrics
 from loadgen import (
     LoadGenerator,
     Surge,
@@ -33,7 +33,7 @@ from loadgen import (
     read_trace,
     replay_schedule,
 )
-from operator_harness import install_crd
+from operator_harness import install_crd, load_document
 from podsim import PodSim
 
 RESOURCE = Path(__file__).resolve().parent / "fixtures" / "llama-3.1-8b-h100-autoscale.yaml"

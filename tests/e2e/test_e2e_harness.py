@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from bedctl import BedUnavailableError, PrometheusProcess, binary, prometheus_ready
 from bedkit import Kube, Prometheus, bed_required, free_port, wait_until
-from e2ekit import apply, deployment_replicas, load_document, operator_with_metrics, running_pods
+from e2ekit import apply, deployment_replicas, operator_with_metrics, running_pods
 from loadgen import LoadGenerator, find_trace, rate_scale_for, read_trace, replay_schedule
-from operator_harness import install_crd
+from operator_harness import install_crd, load_document
 from podsim import PodSim, target_name
 
 from kvscale.api.spec import load_resource

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvscale.api.spec import LLMDeploymentSpec
-from kvscale.autoscaler.calibration import Calibration
+from kvscale.autoscaler.calibration import Calibration, CalibrationSample
 from kvscale.autoscaler.signals import Observation, check_observation
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
 from kvscale.units import ms_to_s
@@ -92,6 +92,22 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
                                ms_to_s(slo.ttft_ms) / calibration.ttft_tail_factor,
                                ms_to_s(slo.tpot_ms) / calibration.tpot_tail_factor, slo.percentile / 100.0)
     return float(goodput.request_rate[0])
+
+
+def build_calibration_sample(context: ReplicaContext, observation: Observation, *, running_per_replica: float,
+                             tpot_mean_s: float | None, prefill_mean_s: float | None) -> CalibrationSample:
+    """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
+    nothing queues and no replica is starting. The operator and the simulator both build it here."""
+    pods = max(observation.pods_scraped, 1)
+    shape = _shape(observation, context.spec)
+    rate = observation.request_rate
+    return CalibrationSample(
+        shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running_per_replica,
+        rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
+        tpot_mean_s=tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
+        prefill_mean_s=prefill_mean_s,
+        steady=(observation.waiting_requests or 0.0) / pods < 1.0
+        and context.ready_replicas >= context.current_replicas)
 
 
 def _shape(observation: Observation, spec: LLMDeploymentSpec) -> RequestShape:

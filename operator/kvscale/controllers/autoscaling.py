@@ -22,7 +22,6 @@ from kvscale.api.status import (
 )
 from kvscale.autoscaler import (
     Calibration,
-    CalibrationSample,
     Observation,
     ReplicaContext,
     ScaleDecision,
@@ -30,9 +29,8 @@ from kvscale.autoscaler import (
     calibrate,
     decide,
 )
-from kvscale.autoscaler.policy import METRICS_MAX_AGE_S, replica_slots
+from kvscale.autoscaler.policy import METRICS_MAX_AGE_S, build_calibration_sample
 from kvscale.autoscaler.signals import check_observation
-from kvscale.perfmodel import RequestShape
 from kvscale.perfmodel.replica import ServingSetup
 from kvscale.planner import Candidate
 
@@ -63,22 +61,6 @@ def previous_calibration(status: LLMDeploymentStatus | None) -> Calibration:
     return Calibration(decode_factor=c.decode_factor, prefill_factor=c.prefill_factor,
                        tpot_tail_factor=c.tpot_tail_factor or 1.0, ttft_tail_factor=c.ttft_tail_factor or 1.0,
                        tpot_error_pct=c.tpot_error_pct, ttft_error_pct=c.ttft_error_pct, samples=1)
-
-
-def calibration_sample(spec: LLMDeploymentSpec, context: ReplicaContext, observation: Observation,
-                       scaling: ScalingInput) -> CalibrationSample:
-    pods = max(observation.pods_scraped, 1)
-    shape = RequestShape(observation.mean_input_tokens or spec.workload.input_tokens,
-                         observation.mean_output_tokens or spec.workload.output_tokens)
-    return CalibrationSample(
-        shape=shape, quantile=spec.slo.percentile / 100.0,
-        running_per_replica=(observation.running_requests or 0.0) / pods,
-        rate_per_replica=None if observation.request_rate is None else observation.request_rate / pods,
-        slots=float(replica_slots(context, shape)),
-        tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
-        prefill_mean_s=scaling.prefill_s,
-        steady=(observation.waiting_requests or 0.0) / pods < 1.0
-        and context.ready_replicas >= context.current_replicas)
 
 
 def _observed_status(observation: Observation) -> ObservedStatus:
@@ -119,8 +101,11 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
                              ready_replicas=ready_replicas, free_replica_slots=free_replica_slots,
                              calibration=calibration)
     if problem is None and observation is not None:
-        context = replace(context, calibration=calibrate(calibration, setup,
-                                                         calibration_sample(spec, context, observation, scaling)))
+        pods = max(observation.pods_scraped, 1)
+        sample = build_calibration_sample(context, observation,
+                                          running_per_replica=(observation.running_requests or 0.0) / pods,
+                                          tpot_mean_s=observation.tpot_mean_s, prefill_mean_s=scaling.prefill_s)
+        context = replace(context, calibration=calibrate(calibration, setup, sample))
         calibration = context.calibration
     decision = decide(None if scaling.metrics_problem else observation, context, scaling.history, scaling.now_s)
 

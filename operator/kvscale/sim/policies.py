@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from kvscale.autoscaler import (
     Calibration,
-    CalibrationSample,
     Observation,
     ReplicaContext,
     ScaleDecision,
@@ -25,7 +24,7 @@ from kvscale.autoscaler import (
     calibrate,
     decide,
 )
-from kvscale.autoscaler.policy import replica_slots
+from kvscale.autoscaler.policy import build_calibration_sample
 from kvscale.perfmodel import RequestShape
 from kvscale.sim.deployment import SimulatedDeployment
 from kvscale.sim.observe import WindowStats
@@ -92,16 +91,8 @@ class KvscalePolicy:
                                  ready_replicas=fleet.ready_replicas, free_replica_slots=fleet.free_replica_slots,
                                  calibration=self.calibration)
         if self.calibrated and observation.pods_scraped:
-            shape = _shape(observation, d)
-            rate = observation.request_rate
-            sample = CalibrationSample(
-                shape=shape, quantile=d.spec.slo.percentile / 100.0, running_per_replica=stats.running_per_replica,
-                rate_per_replica=None if rate is None else rate / observation.pods_scraped,
-                slots=float(replica_slots(context, shape)), tpot_mean_s=stats.mean_tpot_s,
-                tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
-                prefill_mean_s=stats.mean_prefill_s,
-                steady=(observation.waiting_requests or 0.0) / observation.pods_scraped < 1.0
-                and fleet.ready_replicas >= fleet.current_replicas)
+            sample = build_calibration_sample(context, observation, running_per_replica=stats.running_per_replica,
+                                              tpot_mean_s=stats.mean_tpot_s, prefill_mean_s=stats.mean_prefill_s)
             self.calibration = calibrate(self.calibration, d.setup, sample)
             context = replace(context, calibration=self.calibration)
         decision = decide(observation, context, self.history, fleet.now_s)

@@ -276,7 +276,7 @@ def test_spec_hash_changes_with_the_template_only(spec: LLMDeploymentSpec, chose
     assert spec_hash(deploy(unrelated, chosen, h100)) == base
     changed = [
         deploy(spec, replace(chosen, max_num_seqs=chosen.max_num_seqs * 2), h100),
-        deploy(spec, replace(chosen, tensor_parallel=8), h100),
+        deploy(spec, replace(chosen, tensor_parallel=4 if chosen.tensor_parallel == 8 else 8), h100),
         deploy(with_changes(spec, serving={"extraArgs": ["--enable-prefix-caching"]}), chosen, h100),
         deploy(with_changes(spec, serving={"env": [{"name": "A", "value": "1"}]}), chosen, h100),
         deploy(with_changes(spec, serving={"image": "vllm/vllm-openai:v0.11.1"}), chosen, h100),

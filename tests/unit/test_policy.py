@@ -4,6 +4,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvscale.api.spec import load_resource
@@ -17,12 +18,12 @@ from kvscale.autoscaler import (
     check_observation,
     decide,
 )
-from kvscale.autoscaler.policy import replica_goodput
+from kvscale.autoscaler.policy import ScaleDecision, replica_goodput
 from kvscale.perfmodel import (
     RequestShape,
     ServingSetup,
     build_replica_model,
-    estimate_at_concurrency,
+    estimate_at_observed_load,
     estimate_at_rate,
 )
 from kvscale.planner import build_plan_inputs, plan_deployment
@@ -45,9 +46,9 @@ def _context(current: int = 2, free: int | None = 10, **scaling: object) -> Repl
 
 
 def _load(rate: float, *, at: float = NOW, waiting: float = 0.0, ttft_s: float = 0.3, tpot_s: float = 0.02,
-          ) -> Observation:
+          running: float = 10.0) -> Observation:
     return Observation(sampled_at_s=at, pods_scraped=2, request_rate=rate, mean_input_tokens=1024,
-                       mean_output_tokens=256, running_requests=10, waiting_requests=waiting, kv_cache_usage=0.3,
+                       mean_output_tokens=256, running_requests=running, waiting_requests=waiting, kv_cache_usage=0.3,
                        ttft_s=ttft_s, tpot_s=tpot_s)
 
 
@@ -136,10 +137,11 @@ def test_calibration_learns_a_slower_server_and_stays_bounded() -> None:
     context = _context()
     shape = RequestShape(1024, 256)
     model = build_replica_model(context.setup)
-    predicted_tpot = float(estimate_at_concurrency(model, shape, 16.0).tpot_mean_s)
+    rate = 0.5  # requests/s per replica: prompt chunks take a small share of the steps
+    predicted_tpot = estimate_at_observed_load(model, shape, 16.0, rate).tpot_mean_s
     calibration = Calibration()
     def sample(tpot_mean_s: float | None, running: float = 16.0) -> CalibrationSample:
-        return CalibrationSample(shape=shape, quantile=0.95, running_per_replica=running, rate_per_replica=None,
+        return CalibrationSample(shape=shape, quantile=0.95, running_per_replica=running, rate_per_replica=rate,
                                  slots=256.0, tpot_mean_s=tpot_mean_s)
 
     for _ in range(20):  # the real server decodes 1.5x slower than the defaults say
@@ -147,7 +149,7 @@ def test_calibration_learns_a_slower_server_and_stays_bounded() -> None:
     assert calibration.decode_factor < 1 / 1.5  # fixed per-step costs do not scale, so bandwidth falls more
     efficiency = calibration.efficiency(context.setup.efficiency)
     calibrated = build_replica_model(replace(context.setup, efficiency=efficiency))
-    tracked = float(estimate_at_concurrency(calibrated, shape, 16.0).tpot_mean_s)
+    tracked = estimate_at_observed_load(calibrated, shape, 16.0, rate).tpot_mean_s
     assert tracked == pytest.approx(predicted_tpot * 1.5, rel=0.03)  # predictions now track the server
     assert abs(calibration.tpot_error_pct or 0) < 5
     slower = replace(context, calibration=calibration)
@@ -183,3 +185,40 @@ def test_breaches_do_not_compound_while_replicas_start() -> None:
     assert "still starting" in decision.reason
     settled = replace(_context(current=6), ready_replicas=6)
     assert decide(_load(0.3, ttft_s=3.0), settled, ScalingHistory(), NOW).desired_replicas > 6
+
+
+def test_arrivals_count_the_growth_in_flight_and_a_rising_trend_is_sized_ahead() -> None:
+    context = _context(current=4, max_replicas=200)
+    goodput = _goodput(context)
+
+    def after_a_minute(running_now: float) -> ScaleDecision:
+        start = decide(_load(0.2 * goodput, running=0.0, at=NOW - 60), context, ScalingHistory(), NOW - 60)
+        return decide(_load(0.2 * goodput, running=running_now), context, start.history, NOW)
+
+    # A deployment's first minute: few requests have finished yet, but those in flight pile up; 60 s of
+    # growth by `goodput` requests/s makes arrivals 1.2 x goodput, not the 0.2 x that finished.
+    ramp, flat = after_a_minute(60.0 * goodput), after_a_minute(0.0)
+    assert f"demand {1.2 * goodput:.2f} req/s" in ramp.reason
+    assert ramp.recommended_replicas > flat.recommended_replicas
+
+    # A steady rise is sized for where it will be one replica start-up later, at most 1.5x now.
+    rising = ScalingHistory()
+    for step, t in enumerate(range(-240, 1, 15)):
+        rising = decide(_load((1 + step) * 0.5 * goodput, at=NOW + t), context, rising, NOW + t).history
+    now_rate = rising.demands[-1][1]
+    assert now_rate < rising.forecast(NOW + 15, now_rate) <= 1.5 * now_rate + 1e-9
+    steady = ScalingHistory()
+    for t in range(-240, 1, 15):
+        steady = decide(_load(2 * goodput, at=NOW + t), context, steady, NOW + t).history
+    assert steady.forecast(NOW + 15, steady.demands[-1][1]) == pytest.approx(steady.demands[-1][1])
+
+
+def test_observed_load_estimate_separates_decode_from_prompt_stalls() -> None:
+    model = build_replica_model(_context().setup)
+    shape = RequestShape(2048, 32)
+    idle_prompts = estimate_at_observed_load(model, shape, 8.0, 0.0)
+    assert idle_prompts.decode_share == pytest.approx(1.0)
+    assert idle_prompts.tpot_mean_s == pytest.approx(float(model.step_s(np.array([8.0]), shape.mean_context_tokens)[0]))
+    busy = estimate_at_observed_load(model, shape, 8.0, 4.0)
+    assert busy.tpot_mean_s > idle_prompts.tpot_mean_s and busy.decode_share < 0.9
+    assert busy.prefill_s >= idle_prompts.prefill_s

@@ -30,6 +30,7 @@ from kvscale.sim import (
     parse_trace_csv,
     simulate,
 )
+from kvscale.sim.loadtest import load_test_capacity, measure_at_rate
 from kvscale.sim.policies import FleetState, HpaPolicy, KvscalePolicy, StaticPolicy
 from kvscale.sim.server import StepCost
 
@@ -165,12 +166,19 @@ def test_hpa_scales_up_at_most_max_4_or_100_percent_and_down_after_300_s() -> No
     assert hpa.desired_replicas(stats(0.07, 360), _fleet(360, 15)) == 2  # ceil(15 x 0.1)
 
 
-def test_static_peak_uses_the_planners_goodput(deployment: SimulatedDeployment) -> None:
-    trace = generate_synthetic_trace("synthetic:bursts:rate=1:burst_rate=12:every=300:length=60:duration=600")
+def test_static_peak_is_the_peak_over_a_load_tested_server(deployment: SimulatedDeployment) -> None:
+    trace = generate_synthetic_trace("synthetic:bursts:rate=1:burst_rate=12:every=300:length=60:duration=600:"
+                                     "input=1024:output=128:lengths=exponential")
+    test = load_test_capacity(deployment, trace)
+    slo = deployment.spec.slo
+    assert test.rate_per_replica > 0 and test.ttft_ms is not None and test.ttft_ms <= slo.ttft_ms
+    assert test.tpot_ms is not None and test.tpot_ms <= slo.tpot_ms
+    # One server really holds the SLO percentile at the tested rate, and no longer well above it.
+    held = [measure_at_rate(deployment, trace, test.rate_per_replica * f)[0] for f in (1.0, 1.5)]
+    assert held == [True, False]
     policy = build_policy("static-peak", deployment, trace)
     assert isinstance(policy, StaticPolicy)
-    expected = int(np.ceil(trace.peak_rate() / deployment.chosen.goodput_requests_per_s))
-    assert policy.initial_replicas() == expected
+    assert policy.initial_replicas() == int(np.ceil(trace.peak_rate() / test.rate_per_replica - 1e-9))
 
 
 def test_traces_parse_from_csv_and_gzip_and_scale_in_time(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from kvscale.perfmodel import (
     RequestShape,
     ServingSetup,
     build_replica_model,
-    estimate_at_concurrency,
+    estimate_at_observed_load,
     estimate_at_rate,
 )
 
@@ -28,6 +28,9 @@ SPEED_BOUNDS = (0.25, 4.0)  # the model may be off by 4x either way, not more
 TAIL_BOUNDS = (0.5, 4.0)
 SMOOTHING = 0.3  # weight of the newest sample
 MIN_RUNNING_FOR_DECODE_FIT = 1.0
+# Below this share of decode work in the mean inter-token time, TPOT measures prompt stalls (and how
+# bursty arrivals bunch them), not decode speed: such windows leave the decode factor alone.
+MIN_DECODE_SHARE_FOR_FIT = 0.5
 
 
 @dataclass(frozen=True)
@@ -94,21 +97,25 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
     model = build_replica_model(replace(setup, efficiency=previous.efficiency(setup.efficiency)))
     rate = sample.rate_per_replica if sample.rate_per_replica and sample.rate_per_replica > 0 else None
 
-    decode, tpot_error = previous.decode_factor, None
-    if sample.tpot_mean_s and sample.running_per_replica >= MIN_RUNNING_FOR_DECODE_FIT:
-        if rate is not None:
-            predicted = float(estimate_at_rate(model, sample.shape, rate, sample.slots).tpot_mean_s)
-        else:
-            predicted = float(estimate_at_concurrency(model, sample.shape, sample.running_per_replica).tpot_mean_s)
-        tpot_error = (predicted - sample.tpot_mean_s) / sample.tpot_mean_s * 100.0
-        decode = _smoothed(previous.decode_factor, previous.decode_factor * predicted / sample.tpot_mean_s, first,
-                           SPEED_BOUNDS)
+    # Both speeds are fitted at the observed batch and arrival rate (never a saturated model's batch):
+    # prefill first, from a prompt's own prefill time; then decode from the mean inter-token time with
+    # that prefill speed in place, so prompt chunks stalling decode steps are not read as slow decoding.
+    running = sample.running_per_replica
     prefill, ttft_error = previous.prefill_factor, None
     if sample.prefill_mean_s:
-        predicted_prefill = float(model.prefill_s(sample.shape.input_tokens))
+        predicted_prefill = estimate_at_observed_load(model, sample.shape, running, rate or 0.0).prefill_s
         ttft_error = (predicted_prefill - sample.prefill_mean_s) / sample.prefill_mean_s * 100.0
         prefill = _smoothed(previous.prefill_factor,
                             previous.prefill_factor * predicted_prefill / sample.prefill_mean_s, first, SPEED_BOUNDS)
+    decode, tpot_error = previous.decode_factor, None
+    if sample.tpot_mean_s and running >= MIN_RUNNING_FOR_DECODE_FIT:
+        with_prefill = build_replica_model(replace(setup, efficiency=replace(
+            previous, prefill_factor=prefill).efficiency(setup.efficiency)))
+        seen = estimate_at_observed_load(with_prefill, sample.shape, running, rate or 0.0)
+        tpot_error = (seen.tpot_mean_s - sample.tpot_mean_s) / sample.tpot_mean_s * 100.0
+        if seen.decode_share >= MIN_DECODE_SHARE_FOR_FIT:
+            decode = _smoothed(previous.decode_factor,
+                               previous.decode_factor * seen.tpot_mean_s / sample.tpot_mean_s, first, SPEED_BOUNDS)
     if tpot_error is None and ttft_error is None:
         return previous
     input_tokens = _smoothed_value(previous.input_tokens, sample.shape.input_tokens)

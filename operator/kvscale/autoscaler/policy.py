@@ -27,6 +27,11 @@ MAX_SCALE_DOWN_FRACTION = 0.25  # at most a quarter fewer per decision (and at l
 QUEUE_DRAIN_S = 30.0  # replicas are added so that the waiting queue drains within this time
 METRICS_MAX_AGE_S = 120.0
 HISTORY_LIMIT_S = 86_400.0
+# A replica added now serves only after it has started (pod, image, model load: ~2 min for vLLM), so
+# a rising demand is sized for where its trend puts it one start-up later; at most this much above now.
+REPLICA_STARTUP_S = 120.0
+MAX_FORECAST_GROWTH = 1.5
+IN_FLIGHT_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -49,11 +54,36 @@ class ScalingHistory:
 
     recommendations: tuple[tuple[float, int], ...] = ()
     started_at_s: float | None = None  # when this history began (after a restart, nothing older is known)
+    # (time_s, arrivals/s, requests in flight) seen, for the demand trend
+    demands: tuple[tuple[float, float, float], ...] = ()
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
         return replace(self, recommendations=(*kept, (now_s, replicas)),
                        started_at_s=self.started_at_s if self.started_at_s is not None else now_s)
+
+    def with_demand(self, now_s: float, arrivals: float, in_flight: float) -> ScalingHistory:
+        kept = tuple(d for d in self.demands if now_s - d[0] <= 2 * REPLICA_STARTUP_S)
+        return replace(self, demands=(*kept, (now_s, arrivals, in_flight)))
+
+    def arrivals(self, now_s: float, finished_rate: float, in_flight: float) -> float:
+        """Arrivals/s: finished requests plus the growth of those in flight (running and waiting) over
+        the last window. Finished requests alone lag arrivals by a request's latency, which at a
+        deployment's first minutes, or a surge, is most of the story."""
+        recent = [d for d in self.demands if 0 < now_s - d[0] <= IN_FLIGHT_WINDOW_S]
+        if not recent:
+            return finished_rate
+        then_s, _, then_in_flight = recent[0]
+        return finished_rate + max(0.0, (in_flight - then_in_flight) / (now_s - then_s))
+
+    def forecast(self, now_s: float, arrivals: float) -> float:
+        """Arrivals one replica start-up from now on the trend since one start-up ago; never below now."""
+        past = [(t, a) for t, a, _ in self.demands if REPLICA_STARTUP_S / 2 <= now_s - t <= 2 * REPLICA_STARTUP_S]
+        if not past:
+            return arrivals
+        then_s, then = min(past, key=lambda p: abs(now_s - p[0] - REPLICA_STARTUP_S))
+        slope = (arrivals - then) / (now_s - then_s)
+        return min(max(arrivals, arrivals + slope * REPLICA_STARTUP_S), arrivals * MAX_FORECAST_GROWTH)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         return [r for t, r in self.recommendations if now_s - t <= window_s]
@@ -117,31 +147,41 @@ def _shape(observation: Observation, spec: LLMDeploymentSpec) -> RequestShape:
     return RequestShape(float(max(inputs, 1.0)), float(max(outputs, 1.0)))
 
 
+def _in_flight(observation: Observation) -> float:
+    return (observation.running_requests or 0.0) + (observation.waiting_requests or 0.0)
+
+
+def _arrivals(observation: Observation, history: ScalingHistory) -> float:
+    return history.arrivals(observation.sampled_at_s, observation.request_rate or 0.0, _in_flight(observation))
+
+
 def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem: str) -> ScaleDecision:
     current = context.current_replicas
     return ScaleDecision(desired_replicas=current, recommended_replicas=current, reason=reason, action="hold",
                          binding="metrics", metrics_problem=problem, history=history)
 
 
-def _recommend(observation: Observation, context: ReplicaContext, goodput: float) -> tuple[int, str, list[str]]:
+def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
+               ) -> tuple[int, str, list[str]]:
     """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
 
-    Corrections for breaches and queues count only Ready replicas: replicas still loading a model
+    Corrections for breaches and queues scale from Ready replicas only: replicas still loading a model
     will relieve the breach when they come up, so asking again for each of their start-up cycles
-    would compound the same shortfall.
+    would compound the same shortfall; a breach larger than they cover still asks for more.
     """
     spec = context.spec
     current = max(context.current_replicas, 1)
     ready = max(min(context.ready_replicas, current), 1)
     starting = context.ready_replicas < context.current_replicas
-    demand = observation.request_rate or 0.0
     waiting = observation.waiting_requests or 0.0
-    # Arrivals are finished requests plus what is piling up in the queue.
-    arrival = demand + waiting / QUEUE_DRAIN_S
-    wanted = math.ceil(arrival * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
+    # Arrivals, plus what is piling up in the queue, which should drain within QUEUE_DRAIN_S.
+    arrival = _arrivals(observation, history) + waiting / QUEUE_DRAIN_S
+    expected = history.forecast(observation.sampled_at_s, arrival)
+    wanted = math.ceil(expected * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
     binding = "demand"
-    reasons = [f"demand {arrival:.2f} req/s x {1 + spec.scaling.headroom:.2f} headroom over calibrated goodput "
-               f"{goodput:.2f} req/s per replica -> {wanted}"]
+    trend = f" (rising: {expected:.2f} req/s in {REPLICA_STARTUP_S:.0f} s)" if expected > arrival + 1e-9 else ""
+    reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over calibrated "
+               f"goodput {goodput:.2f} req/s per replica -> {wanted}"]
     breaches = []
     p = f"p{spec.slo.percentile:g}"
     if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms:
@@ -155,7 +195,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
         corrected = max(ready + 1, math.ceil(ready * min(ratio, 2.0)))
         if starting:
             text += f" ({current - context.ready_replicas} replica(s) still starting)"
-        elif corrected > wanted:
+        if corrected > wanted and (not starting or corrected > current):
             wanted, binding = corrected, name
         reasons.append(text)
     per_replica_queue = waiting / ready
@@ -177,7 +217,10 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
 
     shape = context.calibration.shape(_shape(observation, spec))
     goodput = replica_goodput(context, shape)
-    wanted, binding, reasons = _recommend(observation, context, goodput)
+    wanted, binding, reasons = _recommend(observation, context, goodput, history)
+    queued = (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
+    history = history.with_demand(observation.sampled_at_s, _arrivals(observation, history) + queued,
+                                  _in_flight(observation))
     low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
     recommended = min(max(wanted, low), high)
     if recommended != wanted:

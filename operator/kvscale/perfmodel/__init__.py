@@ -13,8 +13,10 @@ from kvscale.perfmodel.replica import ReplicaModel, ServingSetup, build_replica_
 from kvscale.perfmodel.serving import (
     Goodput,
     LoadEstimate,
+    ObservedLoadEstimate,
     RequestShape,
     estimate_at_concurrency,
+    estimate_at_observed_load,
     estimate_at_rate,
     estimate_goodput,
 )
@@ -24,6 +26,7 @@ __all__ = [
     "EfficiencyFactors",
     "Goodput",
     "LoadEstimate",
+    "ObservedLoadEstimate",
     "PointPrediction",
     "ReplicaModel",
     "RequestShape",
@@ -32,6 +35,7 @@ __all__ = [
     "compute_kv_capacity",
     "compute_parameter_counts",
     "estimate_at_concurrency",
+    "estimate_at_observed_load",
     "estimate_at_rate",
     "estimate_goodput",
     "fixed_batch_latency_s",

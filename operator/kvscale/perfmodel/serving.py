@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kvscale.perfmodel.queueing import gg1_wait_quantile_s, mmc_wait_quantile_s, normal_quantile
+from kvscale.perfmodel.queueing import gg1_wait_quantile_s, mmc_wait_quantile_s
 from kvscale.perfmodel.replica import ReplicaModel
+from kvscale.perfmodel.tails import chunk_share_quantile
 
 Array = NDArray[np.float64]
 _FIXED_POINT_ITERATIONS = 40
@@ -101,12 +102,12 @@ def _own_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Arra
     return np.maximum(1.0, shape.input_tokens / chunk) * chunk_step
 
 
-def _tpot_quantile(mean: Array, decode: Array, chunk_step: Array, fraction: Array, shape: RequestShape,
+def _tpot_quantile(decode: Array, chunk_step: Array, fraction: Array, shape: RequestShape,
                    quantile: float) -> Array:
-    """A request's TPOT averages its steps; its spread comes from how many carried a prefill chunk."""
-    steps = max(shape.decode_steps, 1.0)
-    spread = (chunk_step - decode) * np.sqrt(fraction * (1.0 - fraction) / steps)
-    return mean + normal_quantile(quantile) * spread
+    """A request's TPOT averages its steps; its tail comes from how many carried a prefill chunk,
+    which for short requests is a large share (kvscale.perfmodel.tails)."""
+    share = chunk_share_quantile(fraction, shape.output_tokens, quantile)
+    return decode + share * (chunk_step - decode)
 
 
 def _closed_loop_rates(model: ReplicaModel, shape: RequestShape, running: Array) -> tuple[Array, Array]:
@@ -147,7 +148,7 @@ def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrenc
     # Requests beyond the sustained batch wait for it: Little's law over everything offered.
     ttft = offered / rate - shape.decode_steps * mean
     ttft = np.maximum(ttft, in_batch_s)
-    tpot_q = _tpot_quantile(mean, decode, chunk_step, fraction, shape, quantile)
+    tpot_q = _tpot_quantile(decode, chunk_step, fraction, shape, quantile)
     return LoadEstimate(
         running_seqs=running,
         request_rate=rate,
@@ -161,6 +162,45 @@ def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrenc
         prefill_utilisation=fraction,
         stable=np.ones_like(running, dtype=bool),
     )
+
+
+@dataclass(frozen=True)
+class ObservedLoadEstimate:
+    """What the model predicts for a replica seen running `running` sequences while taking `rate` new
+    requests/s: the mean time per output token and a prompt's own prefill time (seconds)."""
+
+    tpot_mean_s: float
+    prefill_s: float
+    decode_share: float  # of the mean inter-token time, the part that is decode work, not prompt chunks
+
+
+def estimate_at_observed_load(model: ReplicaModel, shape: RequestShape, running: float, rate: float,
+                              ) -> ObservedLoadEstimate:
+    """The model at an observed batch and arrival rate, neither derived from the other.
+
+    For calibration: under overload or bursts the running batch is not what Little's law gives for
+    the finished rate, and prompt chunks, which stall every decode step they share, arrive at the
+    observed rate, not at the closed loop's running x input / output per step.
+    """
+    batch = np.array([max(running, 1.0)], dtype=np.float64)
+    room = _chunk_room(model, batch)
+    decode = model.step_s(batch, shape.mean_context_tokens)
+    mean = decode
+    chunk = np.minimum(room, shape.input_tokens)
+    chunk_step = decode
+    for _ in range(_FIXED_POINT_ITERATIONS):  # prompt tokens per step = rate x input x step time
+        per_step = rate * shape.input_tokens * mean
+        chunk = np.minimum(room, np.maximum(shape.input_tokens, per_step))
+        _, chunk_step = _step_times(model, shape, batch, chunk)
+        fraction = np.clip(per_step / chunk, 0.0, 1.0)
+        updated = fraction * chunk_step + (1.0 - fraction) * decode
+        converged = float(np.max(np.abs(updated - mean))) < 1e-6 * float(np.max(mean))
+        mean = updated
+        if converged:
+            break
+    prefill = _own_prefill_s(shape, chunk, chunk_step)
+    return ObservedLoadEstimate(tpot_mean_s=float(mean[0]), prefill_s=float(prefill[0]),
+                                decode_share=float(decode[0] / mean[0]))
 
 
 def concurrency_limit(shape: RequestShape, max_num_seqs: ArrayLike, kv_cache_tokens: ArrayLike,
@@ -212,7 +252,7 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     alignment = mean / 2.0  # an arrival lands mid-step
     ttft_q = np.where(stable, own_prefill + alignment + slot_wait + prefill_wait, np.inf)
     ttft_mean = np.where(stable, own_prefill + alignment, np.inf)
-    tpot_q = _tpot_quantile(mean, decode, chunk_step, fraction, shape, quantile)
+    tpot_q = _tpot_quantile(decode, chunk_step, fraction, shape, quantile)
     served = np.minimum(rate, full.request_rate)
     return LoadEstimate(
         running_seqs=running,

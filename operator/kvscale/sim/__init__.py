@@ -5,7 +5,8 @@ come in as bytes or arrays, time is simulated, nothing reads a clock, the enviro
 
 from kvscale.sim.deployment import TRUE_SERVER_EFFICIENCY, SimulatedDeployment, build_simulated_deployment
 from kvscale.sim.fleet import FleetConfig, simulate
-from kvscale.sim.policies import POLICIES, ScalingPolicy, build_policy
+from kvscale.sim.loadtest import build_policy, load_test_capacity
+from kvscale.sim.policies import POLICIES, ScalingPolicy
 from kvscale.sim.result import SimulationResult, TimelinePoint
 from kvscale.sim.synthetic import generate_synthetic_trace
 from kvscale.sim.trace import AZURE_ATTRIBUTION, PACKAGED_TRACES, Trace, parse_trace_csv
@@ -24,6 +25,7 @@ __all__ = [
     "build_policy",
     "build_simulated_deployment",
     "generate_synthetic_trace",
+    "load_test_capacity",
     "parse_trace_csv",
     "simulate",
 ]

@@ -76,6 +76,9 @@ class FleetScraper:
         first = np.concatenate([b.first_tokens for b in self._buckets])
         preemptions = sum(b.preemptions for b in self._buckets)
         pod_s = sum(b.pod_s for b in self._buckets)
+        # Like Prometheus' rate(), a window with less history than its length is a rate over what it holds
+        # (the first minute after start-up is not a quarter of the load).
+        covered_s = min(self.window_s, len(self._buckets) * self._interval_s)
         q = self.percentile
 
         ttft = log.first_token_s[first] - log.arrival_s[first]
@@ -93,7 +96,7 @@ class FleetScraper:
         observation = Observation(
             sampled_at_s=now_s,
             pods_scraped=pods_scraped,
-            request_rate=finished.size / self.window_s if pods else None,
+            request_rate=finished.size / covered_s if pods else None,
             mean_input_tokens=float(np.mean(log.input_tokens[finished])) if finished.size else None,
             mean_output_tokens=float(np.mean(outputs)) if finished.size else None,
             running_requests=running if pods else None,
@@ -101,7 +104,7 @@ class FleetScraper:
             kv_cache_usage=usage,
             ttft_s=float(np.percentile(ttft, q)) if ttft.size else None,
             tpot_s=float(np.percentile(tpot, q)) if tpot.size else None,
-            preemption_rate=preemptions / self.window_s if pods else None,
+            preemption_rate=preemptions / covered_s if pods else None,
         )
         return WindowStats(
             observation=observation,

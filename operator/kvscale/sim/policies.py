@@ -25,10 +25,8 @@ from kvscale.autoscaler import (
     decide,
 )
 from kvscale.autoscaler.policy import build_calibration_sample
-from kvscale.perfmodel import RequestShape
 from kvscale.sim.deployment import SimulatedDeployment
 from kvscale.sim.observe import WindowStats
-from kvscale.sim.trace import Trace
 
 POLICIES = ("kvscale", "static-peak", "hpa-kv", "hpa-queue")
 HPA_TOLERANCE = 0.1
@@ -119,27 +117,23 @@ class KvscalePolicy:
         }
 
 
-def _shape(observation: Observation, deployment: SimulatedDeployment) -> RequestShape:
-    workload = deployment.spec.workload
-    return RequestShape(float(observation.mean_input_tokens or workload.input_tokens),
-                        float(observation.mean_output_tokens or workload.output_tokens))
-
-
 class StaticPolicy:
-    """A fixed replica count: provisioned for the trace's peak minute at the planner's goodput."""
+    """A fixed replica count (for the peak: the peak-minute rate over a load-tested per-server capacity)."""
 
     name = "static-peak"
 
-    def __init__(self, replicas: int, peak_rate: float, goodput: float) -> None:
+    def __init__(self, replicas: int, peak_rate: float = 0.0, capacity_per_replica: float = 0.0,
+                 detail: dict[str, Any] | None = None) -> None:
         self.replicas = max(replicas, 1)
         self.peak_rate = peak_rate
-        self.goodput = goodput
+        self.capacity = capacity_per_replica
+        self.detail = detail or {}
 
     @classmethod
-    def for_peak(cls, deployment: SimulatedDeployment, trace: Trace, window_s: float = 60.0) -> StaticPolicy:
-        goodput = deployment.chosen.goodput_requests_per_s
-        peak = trace.peak_rate(window_s)
-        return cls(math.ceil(peak / goodput - 1e-9) if goodput > 0 else 1, peak, goodput)
+    def for_peak(cls, peak_rate: float, capacity_per_replica: float, detail: dict[str, Any] | None = None,
+                 ) -> StaticPolicy:
+        replicas = math.ceil(peak_rate / capacity_per_replica - 1e-9) if capacity_per_replica > 0 else 1
+        return cls(replicas, peak_rate, capacity_per_replica, detail)
 
     def initial_replicas(self) -> int:
         return self.replicas
@@ -148,8 +142,8 @@ class StaticPolicy:
         return self.replicas
 
     def summary(self) -> dict[str, Any]:
-        return {"peak_rate_per_s": round(self.peak_rate, 3), "planner_goodput_per_replica": round(self.goodput, 4),
-                "replicas": self.replicas}
+        return {"peak_rate_per_s": round(self.peak_rate, 3), "capacity_per_replica": round(self.capacity, 4),
+                "replicas": self.replicas, **self.detail}
 
 
 class HpaPolicy:
@@ -202,31 +196,15 @@ class HpaPolicy:
         return {"target": self.target, "syncs_without_metric": self.skipped}
 
 
-def _kv_usage(observation: Observation) -> float | None:
+def kv_usage(observation: Observation) -> float | None:
     return observation.kv_cache_usage
 
 
-def _waiting_per_pod(observation: Observation) -> float | None:
+def waiting_per_pod(observation: Observation) -> float | None:
     if observation.waiting_requests is None or not observation.pods_scraped:
         return None
     return observation.waiting_requests / observation.pods_scraped
 
 
-def build_policy(name: str, deployment: SimulatedDeployment, trace: Trace, initial: int | None = None,
-                 calibrated: bool = True) -> ScalingPolicy:
-    scaling = deployment.spec.scaling
-    start = initial if initial is not None else planned_replicas(deployment)
-    if name == "kvscale":
-        return KvscalePolicy(deployment, start, calibrated)
-    if name == "static-peak":
-        return StaticPolicy.for_peak(deployment, trace)
-    if name == "hpa-kv":
-        return HpaPolicy("hpa-kv", _kv_usage, HPA_KV_TARGET, start, scaling.min_replicas, scaling.max_replicas)
-    if name == "hpa-queue":
-        return HpaPolicy("hpa-queue", _waiting_per_pod, HPA_QUEUE_TARGET, start, scaling.min_replicas,
-                         scaling.max_replicas)
-    raise ValueError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)}")
-
-
-__all__ = ["POLICIES", "FleetState", "HpaPolicy", "KvscalePolicy", "ScalingPolicy", "StaticPolicy", "build_policy",
-           "decide", "planned_replicas"]
+__all__ = ["HPA_KV_TARGET", "HPA_QUEUE_TARGET", "POLICIES", "FleetState", "HpaPolicy", "KvscalePolicy",
+           "ScalingPolicy", "StaticPolicy", "decide", "kv_usage", "planned_replicas", "waiting_per_pod"]

@@ -92,6 +92,8 @@ def summarize(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPoli
         "output_tokens_per_s": round(all_tokens / duration, 3) if duration else None,
         "p50_ttft_ms": _pct(ttft_done, 50), "p95_ttft_ms": _pct(ttft_done, 95), "p99_ttft_ms": _pct(ttft_done, 99),
         "p50_tpot_ms": _pct(tpot_done, 50), "p95_tpot_ms": _pct(tpot_done, 95), "p99_tpot_ms": _pct(tpot_done, 99),
+        "slo_percentile_ttft_ms": _pct(ttft_done, slo.percentile),
+        "slo_percentile_tpot_ms": _pct(tpot_done, slo.percentile),
         "gpu_hours": round(gpu_hours, 4),
         "usd_per_gpu_hour": deployment.usd_per_gpu_hour,
         "cost": round(cost, 4),

@@ -30,6 +30,12 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
         for sim in chat:
             sim.completion(max_tokens=12)
     code.completion(max_tokens=12)
+    # Every request has returned; wait for a scrape of every replica after that, or an earlier
+    # scrape taken mid-request would still read as a running request.
+    idle_since_s = time.time()
+    prometheus.wait_for_query(
+        'min(timestamp(vllm:num_requests_running{namespace="metrics-test"}))',
+        lambda rows: rows and float(rows[0]["value"][1]) > idle_since_s, timeout=30)
 
     source = PrometheusSource(prometheus.url, window_s=30)
     keys = [DeploymentKey("metrics-test", "chat"), DeploymentKey("metrics-test", "code"),

@@ -26,8 +26,12 @@ T1=$(date +%s)
 tb_log "bed up in $((T1 - T0))s; running the bed tests"
 
 # A per-test deadline (pytest-timeout) so a hung test fails the run instead of stalling CI.
-KVSCALE_BED=1 "$PYTEST" -q --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" tests/bed tests/e2e "$@"
-rc=$?
+# Its output is kept so that a failure's own lines can be repeated last, below the long log tails
+# (a CI report shows only the end of the output).
+PYTEST_OUT="$LOGS/../pytest-bed.out"
+KVSCALE_BED=1 "$PYTEST" -q -rfE --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" tests/bed tests/e2e "$@" \
+  2>&1 | tee "$PYTEST_OUT"
+rc=${PIPESTATUS[0]}
 tb_log "pytest exit $rc after $(($(date +%s) - T1))s"
 if [ "$rc" -eq 5 ]; then
   tb_log "FAILED: pytest collected no bed tests; tests/bed must hold them"
@@ -35,5 +39,7 @@ if [ "$rc" -eq 5 ]; then
 fi
 if [ "$rc" -ne 0 ]; then
   tail_logs 40
+  printf '\n===== the failures again (full report above) =====\n' >&2
+  grep -E '^(E  |FAILED |ERROR |_{5,} )|Error:|Exception:' "$PYTEST_OUT" | tail -n 80 >&2
 fi
 exit "$rc"

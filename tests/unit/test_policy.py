@@ -18,7 +18,8 @@ from kvscale.autoscaler import (
     check_observation,
     decide,
 )
-from kvscale.autoscaler.policy import ScaleDecision, replica_goodput
+from kvscale.autoscaler.policy import ScaleDecision, build_calibration_sample, replica_goodput
+from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S
 from kvscale.perfmodel import (
     RequestShape,
     ServingSetup,
@@ -222,3 +223,67 @@ def test_observed_load_estimate_separates_decode_from_prompt_stalls() -> None:
     busy = estimate_at_observed_load(model, shape, 8.0, 4.0)
     assert busy.tpot_mean_s > idle_prompts.tpot_mean_s and busy.decode_share < 0.9
     assert busy.prefill_s >= idle_prompts.prefill_s
+
+
+def test_a_burst_beyond_poisson_noise_is_sized_for_and_held_for_the_scale_down_window() -> None:
+    context = _context(current=2, max_replicas=200, scale_down_stabilization_seconds=300)
+    goodput = _goodput(context)
+    mean = 2 * goodput
+    # The busiest 15 s of a Poisson stream sit within noise of its mean: no extra replicas for them.
+    noise = math.sqrt(mean / PEAK_RATE_INTERVAL_S)  # one standard deviation of a Poisson count, as a rate
+    noisy = decide(replace(_load(mean), peak_request_rate=mean + 1.5 * noise), context, ScalingHistory(), NOW)
+    calm = decide(_load(mean), context, ScalingHistory(), NOW)
+    assert noisy.recommended_replicas == calm.recommended_replicas
+    # Seconds-long bursts at 8x the mean need their capacity standing: a replica starts too slowly.
+    burst = decide(replace(_load(mean), peak_request_rate=8 * mean), context, ScalingHistory(), NOW)
+    assert burst.recommended_replicas >= 3 * calm.recommended_replicas
+    assert "bursts:" in burst.reason
+    # A calm window later still holds the burst's capacity for the scale-down window, then lets it go.
+    later = decide(_load(mean, at=NOW + 120), context, burst.history, NOW + 120)
+    assert later.recommended_replicas == burst.recommended_replicas
+    gone = decide(_load(mean, at=NOW + 400), context, later.history, NOW + 400)
+    assert gone.recommended_replicas == calm.recommended_replicas
+
+
+def test_long_prompts_set_a_ttft_floor_that_is_neither_capacity_nor_a_tail_factor() -> None:
+    context = _context()
+    model = build_replica_model(context.setup)
+    typical = RequestShape(1024, 256)
+    long_prompts = replace(typical, input_tokens_tail=8 * 1024)
+    rate = np.array([0.01])
+    trickle = estimate_at_rate(model, typical, rate, 64.0, 0.99)
+    floor = estimate_at_rate(model, long_prompts, rate, 64.0, 0.99)
+    assert float(floor.ttft_quantile_s[0]) > 4 * float(trickle.ttft_quantile_s[0])
+    assert float(floor.ttft_mean_s[0]) == pytest.approx(float(trickle.ttft_mean_s[0]))
+
+    # Seen at a trickle, the long prompts' TTFT is what the model predicts: no tail factor is learned
+    # from it (which would tighten the SLO for every request); unknown prompt tails read as one.
+    def tail_factor(shape: RequestShape) -> float:
+        prefill_s = estimate_at_observed_load(model, shape, 1.0, 0.01).prefill_s  # the model's own speed
+        sample = CalibrationSample(shape=shape, quantile=0.99, running_per_replica=1.0, rate_per_replica=0.01,
+                                   slots=64.0, ttft_quantile_s=float(floor.ttft_quantile_s[0]),
+                                   prefill_mean_s=prefill_s)
+        return calibrate(Calibration(), context.setup, sample).ttft_tail_factor
+
+    assert tail_factor(long_prompts) == pytest.approx(1.0, abs=0.05)
+    assert tail_factor(typical) > 1.5
+    # No replica count shortens a long prompt's own prefill: a reachable floor costs no goodput, and a
+    # floor beyond the SLO is sized around rather than read as zero goodput.
+    slo_s = context.spec.slo.ttft_ms / 1000
+    per_token_s = float(floor.ttft_quantile_s[0]) / (8 * 1024)
+    for tail_s in (0.6 * slo_s, 3 * slo_s):
+        shape = replace(typical, input_tokens_tail=tail_s / per_token_s)
+        assert replica_goodput(context, shape) == pytest.approx(replica_goodput(context, typical), rel=0.05)
+
+
+def test_the_prefill_percentile_becomes_the_tail_prompt_length() -> None:
+    context = _context()
+    observation = replace(_load(1.0), prefill_quantile_s=0.9)
+    sample = build_calibration_sample(context, observation, running_per_replica=4.0, tpot_mean_s=0.02,
+                                      prefill_mean_s=0.3)
+    assert sample.shape.input_tokens_tail == pytest.approx(3 * 1024)
+    calibration = calibrate(Calibration(), context.setup, sample)
+    assert calibration.shape(RequestShape(1024, 256)).input_tokens_tail == pytest.approx(3 * 1024)
+    untailed = build_calibration_sample(context, _load(1.0), running_per_replica=4.0, tpot_mean_s=0.02,
+                                        prefill_mean_s=0.3)
+    assert untailed.shape.input_tokens_tail is None

@@ -31,6 +31,7 @@ from kvscale.sim import (
     simulate,
 )
 from kvscale.sim.loadtest import load_test_capacity, measure_at_rate
+from kvscale.sim.observe import REQUEST_LATENCY_BUCKETS_S, WindowStats, histogram_quantile
 from kvscale.sim.policies import FleetState, HpaPolicy, KvscalePolicy, StaticPolicy
 from kvscale.sim.server import StepCost
 
@@ -223,3 +224,56 @@ def test_cli_policy_names_match_the_simulator() -> None:
     from kvscale.sim import PACKAGED_TRACES, POLICIES
 
     assert POLICY_NAMES == POLICIES and tuple(PACKAGED_TRACES) == TRACE_NAMES
+
+
+class _Recording:
+    """A fixed fleet that keeps every window the scraper showed it."""
+
+    name = "recording"
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+        self.seen: list[WindowStats] = []
+
+    def initial_replicas(self) -> int:
+        return self.replicas
+
+    def desired_replicas(self, stats: WindowStats, fleet: FleetState) -> int:
+        self.seen.append(stats)
+        return self.replicas
+
+    def summary(self) -> dict[str, object]:
+        return {}
+
+
+def test_the_scrape_shows_seconds_long_bursts_and_the_prefill_percentile(deployment: SimulatedDeployment) -> None:
+    steady = [0.5 + i for i in range(120)]
+    burst = [60.0 + 3.0 * i / 90 for i in range(90)]  # 90 more requests within 3 s
+    trace = replace(_fixed_trace(sorted(steady + burst), 128, 16, 120.0),
+                    input_tokens=np.array([128 if i % 10 else 1024 for i in range(210)], dtype=np.int64))
+    recording = _Recording(2)
+    simulate(deployment, trace, recording, FleetConfig(tail_s=90.0))
+    at_75 = next(s for s in recording.seen if s.observation.sampled_at_s == 75.0).observation
+    assert at_75.request_rate is not None and at_75.peak_request_rate is not None
+    assert at_75.request_rate == pytest.approx((60 + 90) / 60, rel=0.1)
+    # The busiest 30 s of the window: the burst and the steady requests around it.
+    assert at_75.peak_request_rate == pytest.approx((30 + 90) / 30, rel=0.1)
+    assert at_75.peak_request_rate > 1.5 * at_75.request_rate  # the window's mean flattens the burst
+    quiet = recording.seen[-1].observation  # after the trace: nothing finishes, nothing peaks
+    assert quiet.peak_request_rate == 0.0
+    assert all(s.observation.prefill_quantile_s is None or s.mean_prefill_s is not None for s in recording.seen)
+    tails = [s.observation.prefill_quantile_s for s in recording.seen if s.observation.prefill_quantile_s]
+    assert tails and all(t <= REQUEST_LATENCY_BUCKETS_S[0] for t in tails)  # short prompts: the first bucket
+
+
+@pytest.mark.parametrize(("values", "quantile", "expected"), [
+    ([0.1, 0.2, 0.4, 0.6], 0.5, 0.3),  # rank 2 of 4: the end of the first bucket (0.3)
+    ([0.1, 0.2, 0.4, 0.6], 0.75, 0.5),  # rank 3: the end of (0.3, 0.5]
+    ([0.1, 0.2, 0.4, 0.6], 0.625, 0.4),  # rank 2.5: halfway into (0.3, 0.5]
+    ([9000.0], 0.99, 7680.0),  # in +Inf: the highest finite bound, as Prometheus answers
+])
+def test_histogram_quantile_interpolates_like_prometheus(values: list[float], quantile: float,
+                                                         expected: float) -> None:
+    result = histogram_quantile(quantile, np.array(values), REQUEST_LATENCY_BUCKETS_S)
+    assert result == pytest.approx(expected)
+    assert histogram_quantile(quantile, np.array([]), REQUEST_LATENCY_BUCKETS_S) is None

@@ -66,11 +66,13 @@ class Calibration:
     # halve the goodput estimate (and double the replicas) by itself.
     input_tokens: float | None = None
     output_tokens: float | None = None
+    input_tokens_tail: float | None = None  # prompt length at the SLO percentile
 
     def shape(self, fallback: RequestShape) -> RequestShape:
         if self.input_tokens is None or self.output_tokens is None:
             return fallback
-        return RequestShape(self.input_tokens, self.output_tokens)
+        tail = self.input_tokens_tail if self.input_tokens_tail is not None else fallback.input_tokens_tail
+        return RequestShape(self.input_tokens, self.output_tokens, tail)
 
     def efficiency(self, base: EfficiencyFactors) -> EfficiencyFactors:
         return base.scaled(decode=self.decode_factor, prefill=self.prefill_factor)
@@ -120,6 +122,9 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
         return previous
     input_tokens = _smoothed_value(previous.input_tokens, sample.shape.input_tokens)
     output_tokens = _smoothed_value(previous.output_tokens, sample.shape.output_tokens)
+    input_tokens_tail = previous.input_tokens_tail
+    if sample.shape.input_tokens_tail is not None:
+        input_tokens_tail = _smoothed_value(previous.input_tokens_tail, sample.shape.input_tokens_tail)
 
     tpot_tail, ttft_tail = previous.tpot_tail_factor, previous.ttft_tail_factor
     if rate is not None and sample.steady and (sample.tpot_quantile_s or sample.ttft_quantile_s):
@@ -134,4 +139,5 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
                                   first, TAIL_BOUNDS)
     return Calibration(decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
                        ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,
-                       samples=previous.samples + 1, input_tokens=input_tokens, output_tokens=output_tokens)
+                       samples=previous.samples + 1, input_tokens=input_tokens, output_tokens=output_tokens,
+                       input_tokens_tail=input_tokens_tail)

@@ -3,7 +3,9 @@
     decide(observation, context, history, now_s) -> ScaleDecision
 
 Demand (requests/s × tokens) is set against each replica's calibrated goodput at the SLOs, with
-headroom; breaches of the observed p95 TTFT/TPOT or a growing queue add replicas. Scale-up is fast
+headroom. Demand is the larger of the trend one replica start-up ahead and the burst peak of the
+scale-down window (the busiest scrape interval beyond Poisson noise), since bursts of seconds end
+before a new replica is Ready. Breaches of the observed p95 TTFT/TPOT or a growing queue add replicas. Scale-up is fast
 (its stabilization window defaults to zero) and bounded per step; scale-down waits for its window and
 then steps down gently. Missing, stale or implausible metrics never scale down. The operator (in Auto
 or Recommend mode) and the simulator call this same function.
@@ -18,7 +20,7 @@ import numpy as np
 
 from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.autoscaler.calibration import Calibration, CalibrationSample
-from kvscale.autoscaler.signals import Observation, check_observation
+from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
 from kvscale.units import ms_to_s
 
@@ -32,6 +34,11 @@ HISTORY_LIMIT_S = 86_400.0
 REPLICA_STARTUP_S = 120.0
 MAX_FORECAST_GROWTH = 1.5
 IN_FLIGHT_WINDOW_S = 60.0
+# A burst's peak beyond this many standard deviations of Poisson noise around the mean is clustering
+# the goodput model (Poisson arrivals) does not allow for.
+POISSON_PEAK_SIGMAS = 2.0
+# Demand is kept this long for the trend and for burst peaks (a longer scale-down window keeps them longer).
+DEMAND_MEMORY_S = 2 * REPLICA_STARTUP_S
 
 
 @dataclass(frozen=True)
@@ -54,17 +61,19 @@ class ScalingHistory:
 
     recommendations: tuple[tuple[float, int], ...] = ()
     started_at_s: float | None = None  # when this history began (after a restart, nothing older is known)
-    # (time_s, arrivals/s, requests in flight) seen, for the demand trend
-    demands: tuple[tuple[float, float, float], ...] = ()
+    # (time_s, arrivals/s, requests in flight, arrivals/s with bursts) seen, for the trend and burst peaks
+    demands: tuple[tuple[float, float, float, float], ...] = ()
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
         return replace(self, recommendations=(*kept, (now_s, replicas)),
                        started_at_s=self.started_at_s if self.started_at_s is not None else now_s)
 
-    def with_demand(self, now_s: float, arrivals: float, in_flight: float) -> ScalingHistory:
-        kept = tuple(d for d in self.demands if now_s - d[0] <= 2 * REPLICA_STARTUP_S)
-        return replace(self, demands=(*kept, (now_s, arrivals, in_flight)))
+    def with_demand(self, now_s: float, arrivals: float, in_flight: float, burst_arrivals: float | None = None,
+                    memory_s: float = DEMAND_MEMORY_S) -> ScalingHistory:
+        kept = tuple(d for d in self.demands if now_s - d[0] <= max(DEMAND_MEMORY_S, memory_s))
+        burst = arrivals if burst_arrivals is None else max(arrivals, burst_arrivals)
+        return replace(self, demands=(*kept, (now_s, arrivals, in_flight, burst)))
 
     def arrivals(self, now_s: float, finished_rate: float, in_flight: float) -> float:
         """Arrivals/s: finished requests plus the growth of those in flight (running and waiting) over
@@ -73,17 +82,23 @@ class ScalingHistory:
         recent = [d for d in self.demands if 0 < now_s - d[0] <= IN_FLIGHT_WINDOW_S]
         if not recent:
             return finished_rate
-        then_s, _, then_in_flight = recent[0]
+        then_s, _, then_in_flight, _ = recent[0]
         return finished_rate + max(0.0, (in_flight - then_in_flight) / (now_s - then_s))
 
     def forecast(self, now_s: float, arrivals: float) -> float:
         """Arrivals one replica start-up from now on the trend since one start-up ago; never below now."""
-        past = [(t, a) for t, a, _ in self.demands if REPLICA_STARTUP_S / 2 <= now_s - t <= 2 * REPLICA_STARTUP_S]
+        past = [(t, a) for t, a, _, _ in self.demands if REPLICA_STARTUP_S / 2 <= now_s - t <= 2 * REPLICA_STARTUP_S]
         if not past:
             return arrivals
         then_s, then = min(past, key=lambda p: abs(now_s - p[0] - REPLICA_STARTUP_S))
         slope = (arrivals - then) / (now_s - then_s)
         return min(max(arrivals, arrivals + slope * REPLICA_STARTUP_S), arrivals * MAX_FORECAST_GROWTH)
+
+    def recent_peak(self, now_s: float, lookback_s: float) -> float:
+        """The highest demand (arrivals/s, bursts included) of the last `lookback_s`; 0 when none is known.
+        Bursts of seconds come and go faster than a replica starts, so the capacity for the last one is
+        held as long as the scale-down window would hold a replica."""
+        return max((b for t, _, _, b in self.demands if now_s - t <= lookback_s), default=0.0)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         return [r for t, r in self.recommendations if now_s - t <= window_s]
@@ -118,10 +133,16 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
     model = build_replica_model(replace(context.setup,
                                         efficiency=calibration.efficiency(context.setup.efficiency)))
     slo = context.spec.slo
-    goodput = estimate_goodput(model, shape, np.array([replica_slots(context, shape)], dtype=np.float64),
-                               ms_to_s(slo.ttft_ms) / calibration.ttft_tail_factor,
-                               ms_to_s(slo.tpot_ms) / calibration.tpot_tail_factor, slo.percentile / 100.0)
-    return float(goodput.request_rate[0])
+    slots = np.array([replica_slots(context, shape)], dtype=np.float64)
+    ttft_s = ms_to_s(slo.ttft_ms) / calibration.ttft_tail_factor
+    tpot_s = ms_to_s(slo.tpot_ms) / calibration.tpot_tail_factor
+    goodput = float(estimate_goodput(model, shape, slots, ttft_s, tpot_s, slo.percentile / 100.0).request_rate[0])
+    if goodput <= 0.0 and shape.input_tokens_tail is not None:
+        # The longest prompts alone miss the TTFT SLO: no replica count fixes those, so size for the rest.
+        untailed = replace(shape, input_tokens_tail=None)
+        goodput = float(estimate_goodput(model, untailed, slots, ttft_s, tpot_s, slo.percentile / 100.0)
+                        .request_rate[0])
+    return goodput
 
 
 def build_calibration_sample(context: ReplicaContext, observation: Observation, *, running_per_replica: float,
@@ -130,6 +151,10 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
     nothing queues and no replica is starting. The operator and the simulator both build it here."""
     pods = max(observation.pods_scraped, 1)
     shape = _shape(observation, context.spec)
+    prefill_tail_s = observation.prefill_quantile_s
+    if prefill_tail_s and prefill_mean_s and prefill_tail_s > prefill_mean_s:
+        # The percentile prompt, in tokens: prefill time grows with prompt length at the window's load.
+        shape = replace(shape, input_tokens_tail=shape.input_tokens * prefill_tail_s / prefill_mean_s)
     rate = observation.request_rate
     return CalibrationSample(
         shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running_per_replica,
@@ -155,6 +180,18 @@ def _arrivals(observation: Observation, history: ScalingHistory) -> float:
     return history.arrivals(observation.sampled_at_s, observation.request_rate or 0.0, _in_flight(observation))
 
 
+def _burst_arrivals(observation: Observation, history: ScalingHistory) -> float:
+    """Arrivals/s including the part of the window's busiest interval that Poisson noise around the
+    mean does not explain (beyond 2 sigma): the goodput model already allows for Poisson arrivals,
+    not for traffic that comes in bursts of seconds."""
+    mean = _arrivals(observation, history)
+    peak = observation.peak_request_rate
+    if peak is None:
+        return mean
+    noise = POISSON_PEAK_SIGMAS * math.sqrt(max(mean, 0.0) / PEAK_RATE_INTERVAL_S)
+    return max(mean, peak - noise)
+
+
 def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem: str) -> ScaleDecision:
     current = context.current_replicas
     return ScaleDecision(desired_replicas=current, recommended_replicas=current, reason=reason, action="hold",
@@ -176,10 +213,18 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     waiting = observation.waiting_requests or 0.0
     # Arrivals, plus what is piling up in the queue, which should drain within QUEUE_DRAIN_S.
     arrival = _arrivals(observation, history) + waiting / QUEUE_DRAIN_S
-    expected = history.forecast(observation.sampled_at_s, arrival)
+    trended = history.forecast(observation.sampled_at_s, arrival)
+    window_s = spec.scaling.scale_down_stabilization_seconds
+    burst = max(_burst_arrivals(observation, history) + waiting / QUEUE_DRAIN_S,
+                history.recent_peak(observation.sampled_at_s, window_s))
+    expected = max(trended, burst)
     wanted = math.ceil(expected * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
     binding = "demand"
-    trend = f" (rising: {expected:.2f} req/s in {REPLICA_STARTUP_S:.0f} s)" if expected > arrival + 1e-9 else ""
+    trend = ""
+    if burst > max(trended, arrival) + 1e-9:
+        trend = f" (bursts: {burst:.2f} req/s in the last {window_s} s)"
+    elif trended > arrival + 1e-9:
+        trend = f" (rising: {trended:.2f} req/s in {REPLICA_STARTUP_S:.0f} s)"
     reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over calibrated "
                f"goodput {goodput:.2f} req/s per replica -> {wanted}"]
     breaches = []
@@ -220,7 +265,8 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     wanted, binding, reasons = _recommend(observation, context, goodput, history)
     queued = (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     history = history.with_demand(observation.sampled_at_s, _arrivals(observation, history) + queued,
-                                  _in_flight(observation))
+                                  _in_flight(observation), _burst_arrivals(observation, history) + queued,
+                                  spec.scaling.scale_down_stabilization_seconds)
     low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
     recommended = min(max(wanted, low), high)
     if recommended != wanted:

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 MAX_PLAUSIBLE_LATENCY_S = 3600.0
 MAX_PLAUSIBLE_REQUEST_RATE = 1e6
 MAX_PLAUSIBLE_TOKENS = 1e7
+# The peak request rate is the highest rate over this long within the window: two scrapes at the
+# common 15 s interval (the operator's rate() range; the simulator's two consecutive scrapes).
+PEAK_RATE_INTERVAL_S = 30.0
+PEAK_RATE_STEP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,12 @@ class Observation:
     tpot_s: float | None  # at the SLO percentile (inter-token latency)
     preemption_rate: float | None = None  # preemptions/s
     tpot_mean_s: float | None = None  # mean time per output token over the window (for calibration)
+    # a prompt's own prefill time at the SLO percentile (vLLM's request_prefill_time_seconds): long
+    # prompts set a TTFT floor that no replica count lowers
+    prefill_quantile_s: float | None = None
+    # finished requests/s in the busiest scrape interval of the window: bursts shorter than the window
+    # that the window's mean rate flattens
+    peak_request_rate: float | None = None
 
 
 class ObservationProblem(str):
@@ -54,9 +64,11 @@ def check_observation(observation: Observation | None, now_s: float, max_age_s: 
         return ObservationProblem("vLLM request metrics are missing (request rate, running or waiting requests)")
     checks = (
         ("request rate", observation.request_rate, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("peak request rate", observation.peak_request_rate, MAX_PLAUSIBLE_REQUEST_RATE),
         ("running requests", observation.running_requests, MAX_PLAUSIBLE_REQUEST_RATE),
         ("waiting requests", observation.waiting_requests, MAX_PLAUSIBLE_REQUEST_RATE),
         ("mean input tokens", observation.mean_input_tokens, MAX_PLAUSIBLE_TOKENS),
+        ("prefill time at the SLO percentile", observation.prefill_quantile_s, MAX_PLAUSIBLE_LATENCY_S),
         ("mean output tokens", observation.mean_output_tokens, MAX_PLAUSIBLE_TOKENS),
         ("KV-cache usage", observation.kv_cache_usage, 1.5),
         ("TTFT", observation.ttft_s, MAX_PLAUSIBLE_LATENCY_S),

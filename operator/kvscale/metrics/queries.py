@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, PEAK_RATE_STEP_S
+
 
 @dataclass(frozen=True)
 class MetricsLabels:
@@ -49,6 +51,12 @@ def _quantile(metric: str, labels: MetricsLabels, window: str, quantile: float) 
             f"(rate({metric}_bucket[{window}])))")
 
 
+def _peak_rate(metric: str, labels: MetricsLabels, window: str) -> str:
+    """The highest PEAK_RATE_INTERVAL_S rate of the summed counter within the window (a subquery)."""
+    return (f"max_over_time((sum by ({labels.group}) (rate({metric}[{PEAK_RATE_INTERVAL_S:g}s])))"
+            f"[{window}:{PEAK_RATE_STEP_S:g}s])")
+
+
 def _first_of(*queries: str) -> str:
     return " or ".join(f"({q})" for q in queries)
 
@@ -63,6 +71,8 @@ def build_queries(labels: MetricsLabels, window_s: int, quantile: float) -> dict
                                   f"max by ({labels.group}) (timestamp(sglang:num_running_reqs))"),
         "request_rate": _first_of(_sum_rate("vllm:request_success_total", labels, w),
                                   _sum_rate("sglang:num_requests_total", labels, w)),
+        "peak_request_rate": _first_of(_peak_rate("vllm:request_success_total", labels, w),
+                                       _peak_rate("sglang:num_requests_total", labels, w)),
         "mean_input_tokens": _first_of(_mean_of_histogram("vllm:request_prompt_tokens", labels, w),
                                        f"{_sum_rate('sglang:prompt_tokens_total', labels, w)} / "
                                        f"{_sum_rate('sglang:num_requests_total', labels, w)}"),
@@ -88,4 +98,7 @@ def build_queries(labels: MetricsLabels, window_s: int, quantile: float) -> dict
                                  _mean_of_histogram("sglang:inter_token_latency_seconds", labels, w)),
         "preemption_rate": _sum_rate("vllm:num_preemptions_total", labels, w),
         "prefill_s": _mean_of_histogram("vllm:request_prefill_time_seconds", labels, w),
+        # The prefill-time buckets (0.3, 0.5, 0.8, 1 s, ...) resolve a long-prompt tail far better than
+        # the prompt-length ones (1-2-5 per decade: 5k-10k tokens is one bucket).
+        "prefill_quantile_s": _quantile("vllm:request_prefill_time_seconds", labels, w, quantile),
     }

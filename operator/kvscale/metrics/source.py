@@ -92,6 +92,8 @@ class PrometheusSource:
                 tpot_s=get("tpot_s"),
                 preemption_rate=get("preemption_rate"),
                 tpot_mean_s=_finite(get("tpot_mean_s")),
+                prefill_quantile_s=_finite(get("prefill_quantile_s")),
+                peak_request_rate=_finite(get("peak_request_rate")),
             )
             prefill_value = _finite(get("prefill_s"))
             if prefill_value is not None:

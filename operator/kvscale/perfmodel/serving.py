@@ -25,10 +25,17 @@ _BISECTION_ITERATIONS = 24
 
 @dataclass(frozen=True)
 class RequestShape:
-    """Mean request: prompt and output lengths in tokens."""
+    """Mean request: prompt and output lengths in tokens; optionally the prompt length at the SLO
+    percentile, whose own prefill sets the TTFT tail at low load (vLLM's request_prompt_tokens)."""
 
     input_tokens: float
     output_tokens: float
+    input_tokens_tail: float | None = None
+
+    @property
+    def tail_input_tokens(self) -> float:
+        """The prompt length the TTFT percentile is computed for: the tail, never below the mean."""
+        return max(self.input_tokens, self.input_tokens_tail or 0.0)
 
     @property
     def mean_context_tokens(self) -> float:
@@ -102,6 +109,12 @@ def _own_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Arra
     return np.maximum(1.0, shape.input_tokens / chunk) * chunk_step
 
 
+def _tail_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Array:
+    """A percentile-length prompt's own prefill: the chunks it needs at the steps' chunk size. It adds
+    to the queueing delay instead of scaling it: a long prompt is slow at any load."""
+    return np.maximum(1.0, shape.tail_input_tokens / chunk) * chunk_step
+
+
 def _tpot_quantile(decode: Array, chunk_step: Array, fraction: Array, shape: RequestShape,
                    quantile: float) -> Array:
     """A request's TPOT averages its steps; its tail comes from how many carried a prefill chunk,
@@ -156,7 +169,7 @@ def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrenc
         tpot_mean_s=mean,
         tpot_quantile_s=tpot_q,
         ttft_mean_s=ttft,
-        ttft_quantile_s=ttft,
+        ttft_quantile_s=ttft + _tail_prefill_s(shape, chunk, chunk_step) - in_batch_s,
         decode_step_s=decode,
         chunk_step_s=chunk_step,
         prefill_utilisation=fraction,
@@ -250,7 +263,11 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     # online as a tail factor (kvscale.autoscaler.calibration).
     prefill_wait = gg1_wait_quantile_s(prefill_rho, own_prefill, quantile)
     alignment = mean / 2.0  # an arrival lands mid-step
-    ttft_q = np.where(stable, own_prefill + alignment + slot_wait + prefill_wait, np.inf)
+    # The percentile TTFT is a long prompt prefilled without waiting, or a typical one after the
+    # percentile wait, whichever is longer: the two rarely coincide, and a sum of percentiles would
+    # leave queueing almost no budget wherever long prompts alone come near the SLO.
+    tail_prefill = _tail_prefill_s(shape, chunk, chunk_step)
+    ttft_q = np.where(stable, np.maximum(tail_prefill, own_prefill + slot_wait + prefill_wait) + alignment, np.inf)
     ttft_mean = np.where(stable, own_prefill + alignment, np.inf)
     tpot_q = _tpot_quantile(decode, chunk_step, fraction, shape, quantile)
     served = np.minimum(rate, full.request_rate)

@@ -15,9 +15,29 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvscale.autoscaler import Observation
+from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S
 from kvscale.sim.server import Replica, RequestLog
 
 Array = NDArray[np.float64]
+# vLLM's request_prefill_time_seconds buckets (its request latency buckets), for the prefill percentile.
+REQUEST_LATENCY_BUCKETS_S = np.array([0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                                      60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0])
+
+
+def histogram_quantile(quantile: float, values: Array, bounds: Array) -> float | None:
+    """Prometheus' histogram_quantile over `values` counted into buckets with upper `bounds`: linear
+    within the bucket holding the rank; the highest finite bound when the rank is in +Inf."""
+    if values.size == 0:
+        return None
+    counts = np.cumsum(np.bincount(np.searchsorted(bounds, values, side="left"), minlength=bounds.size + 1))
+    rank = quantile * counts[-1]
+    b = int(np.searchsorted(counts, rank, side="left"))
+    if b >= bounds.size:
+        return float(bounds[-1])
+    lower = float(bounds[b - 1]) if b > 0 else 0.0
+    below = float(counts[b - 1]) if b > 0 else 0.0
+    inside = float(counts[b]) - below
+    return float(lower + (float(bounds[b]) - lower) * ((rank - below) / inside if inside else 1.0))
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,13 @@ class FleetScraper:
         self._preemptions_seen = 0
         self._running_seen: dict[int, float] = {}
         self._interval_s = scrape_interval_s
+
+    def _peak_rate(self) -> float:
+        """Finished requests/s over the busiest PEAK_RATE_INTERVAL_S of the window (consecutive scrapes)."""
+        span = max(1, round(PEAK_RATE_INTERVAL_S / self._interval_s))
+        counts = [b.finished.size for b in self._buckets]
+        sums = [sum(counts[i:i + span]) for i in range(max(1, len(counts) - span + 1))]
+        return max(sums) / (min(span, len(counts)) * self._interval_s)
 
     def scrape(self, now_s: float, pods: Sequence[Replica]) -> WindowStats:
         log = self.log
@@ -105,6 +132,8 @@ class FleetScraper:
             ttft_s=float(np.percentile(ttft, q)) if ttft.size else None,
             tpot_s=float(np.percentile(tpot, q)) if tpot.size else None,
             preemption_rate=preemptions / covered_s if pods else None,
+            prefill_quantile_s=histogram_quantile(q / 100.0, prefill, REQUEST_LATENCY_BUCKETS_S),
+            peak_request_rate=self._peak_rate() if pods else None,
         )
         return WindowStats(
             observation=observation,

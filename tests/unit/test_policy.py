@@ -243,6 +243,10 @@ def test_a_burst_beyond_poisson_noise_is_sized_for_and_held_for_the_scale_down_w
     assert later.recommended_replicas == burst.recommended_replicas
     gone = decide(_load(mean, at=NOW + 400), context, later.history, NOW + 400)
     assert gone.recommended_replicas == calm.recommended_replicas
+    # A steady demand is not held that way (the scale-down window alone holds its replicas).
+    busy = decide(_load(4 * mean), context, ScalingHistory(), NOW)
+    assert decide(_load(mean, at=NOW + 120), context, busy.history, NOW + 120).recommended_replicas == (
+        calm.recommended_replicas)
 
 
 def test_long_prompts_set_a_ttft_floor_that_is_neither_capacity_nor_a_tail_factor() -> None:

@@ -3,12 +3,14 @@
     decide(observation, context, history, now_s) -> ScaleDecision
 
 Demand (requests/s × tokens) is set against each replica's calibrated goodput at the SLOs, with
-headroom. Demand is the larger of the trend one replica start-up ahead and the arrivals plus the
-largest burst excess of the scale-down window (the busiest 30 s above the mean, beyond Poisson
-noise), since bursts of seconds end before a new replica is Ready. Breaches of the observed p95 TTFT/TPOT or a growing queue add replicas. Scale-up is fast
-(its stabilization window defaults to zero) and bounded per step; scale-down waits for its window and
-then steps down gently. Missing, stale or implausible metrics never scale down. The operator (in Auto
-or Recommend mode) and the simulator call this same function.
+headroom. Demand is the larger of the trend one replica start-up ahead and the latest burst: the
+arrivals plus the busiest 30 s above the mean beyond Poisson noise. Bursts of seconds end before a
+new replica is Ready, so a burst's demand stands for the scale-down window (only where the peak was
+a burst: a steady demand is not held twice). Breaches of the observed percentile TTFT/TPOT or a
+growing queue add replicas. Scale-up is fast (its stabilization window defaults to zero) and
+bounded per step; scale-down waits for its window and then steps down gently. Missing, stale or
+implausible metrics never scale down. The operator (in Auto or Recommend mode) and the simulator
+call this same function.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class ScalingHistory:
 
     recommendations: tuple[tuple[float, int], ...] = ()
     started_at_s: float | None = None  # when this history began (after a restart, nothing older is known)
-    # (time_s, arrivals/s, requests in flight, burst arrivals/s above the mean) seen, for the trend and bursts
+    # (time_s, arrivals/s, requests in flight, arrivals/s of a burst: 0 when the peak was Poisson noise)
+    # seen, for the trend and the bursts
     demands: tuple[tuple[float, float, float, float], ...] = ()
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
@@ -69,10 +72,10 @@ class ScalingHistory:
         return replace(self, recommendations=(*kept, (now_s, replicas)),
                        started_at_s=self.started_at_s if self.started_at_s is not None else now_s)
 
-    def with_demand(self, now_s: float, arrivals: float, in_flight: float, burst_excess: float = 0.0,
+    def with_demand(self, now_s: float, arrivals: float, in_flight: float, burst_arrivals: float = 0.0,
                     memory_s: float = DEMAND_MEMORY_S) -> ScalingHistory:
         kept = tuple(d for d in self.demands if now_s - d[0] <= max(DEMAND_MEMORY_S, memory_s))
-        return replace(self, demands=(*kept, (now_s, arrivals, in_flight, max(burst_excess, 0.0))))
+        return replace(self, demands=(*kept, (now_s, arrivals, in_flight, max(burst_arrivals, 0.0))))
 
     def arrivals(self, now_s: float, finished_rate: float, in_flight: float) -> float:
         """Arrivals/s: finished requests plus the growth of those in flight (running and waiting) over
@@ -93,10 +96,9 @@ class ScalingHistory:
         slope = (arrivals - then) / (now_s - then_s)
         return min(max(arrivals, arrivals + slope * REPLICA_STARTUP_S), arrivals * MAX_FORECAST_GROWTH)
 
-    def recent_burst_excess(self, now_s: float, lookback_s: float) -> float:
-        """The largest burst above the mean (arrivals/s) of the last `lookback_s`; 0 when none is known.
-        Bursts of seconds come and go faster than a replica starts, so the capacity for the last one
-        stays while the scale-down window would keep a replica; steady demand is not held by this."""
+    def recent_burst(self, now_s: float, lookback_s: float) -> float:
+        """The arrivals/s of the largest burst of the last `lookback_s`; 0 when none is known. Only
+        windows whose peak Poisson noise does not explain count: a steady demand is not held."""
         return max((b for t, _, _, b in self.demands if now_s - t <= lookback_s), default=0.0)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
@@ -179,6 +181,12 @@ def _arrivals(observation: Observation, history: ScalingHistory) -> float:
     return history.arrivals(observation.sampled_at_s, observation.request_rate or 0.0, _in_flight(observation))
 
 
+def _burst_arrivals(observation: Observation, history: ScalingHistory, queued: float) -> float:
+    """The demand of a burst (mean plus excess plus queue drain), or 0 when the window held none."""
+    excess = _burst_excess(observation, history)
+    return _arrivals(observation, history) + queued + excess if excess > 0 else 0.0
+
+
 def _burst_excess(observation: Observation, history: ScalingHistory) -> float:
     """Arrivals/s of the window's busiest interval above the mean, beyond what Poisson noise explains
     (2 sigma): the goodput model already allows for Poisson arrivals, not for bursts of seconds."""
@@ -213,8 +221,8 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     arrival = _arrivals(observation, history) + waiting / QUEUE_DRAIN_S
     trended = history.forecast(observation.sampled_at_s, arrival)
     window_s = spec.scaling.scale_down_stabilization_seconds
-    burst = arrival + max(_burst_excess(observation, history),
-                          history.recent_burst_excess(observation.sampled_at_s, window_s))
+    burst = max(arrival + _burst_excess(observation, history),
+                history.recent_burst(observation.sampled_at_s, window_s))
     expected = max(trended, burst)
     wanted = math.ceil(expected * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
     binding = "demand"
@@ -263,7 +271,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     wanted, binding, reasons = _recommend(observation, context, goodput, history)
     queued = (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     history = history.with_demand(observation.sampled_at_s, _arrivals(observation, history) + queued,
-                                  _in_flight(observation), _burst_excess(observation, history),
+                                  _in_flight(observation), _burst_arrivals(observation, history, queued),
                                   spec.scaling.scale_down_stabilization_seconds)
     low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
     recommended = min(max(wanted, low), high)

@@ -148,6 +148,7 @@ def test_drift_is_put_back(kube: Kube, operator: RunningOperator, namespace: str
         ({"scaling.mode": "Sometimes"}, "spec.scaling.mode"),
         ({"model.precision": "fp4"}, "spec.model.precision"),
         ({"scaling.minReplicas": 9, "scaling.maxReplicas": 2}, "minReplicas"),
+        ({"workload.requestsPerSecond": 5.5, "workload.peakRequestsPerSecond": 2}, "peakRequestsPerSecond"),
     ],
 )
 def test_the_apiserver_rejects_bad_types_at_the_door(

@@ -142,3 +142,17 @@ def test_invalid_specs_name_the_field(bad: dict[str, Any]) -> None:
         _spec(**bad)
     field = next(iter(bad)).split(".")[-1]
     assert field in str(info.value)
+
+
+def test_a_stated_peak_sizes_the_starting_replicas_and_never_goes_below_the_mean() -> None:
+    mean_only = plan_deployment(build_plan_inputs(_spec(**{"scaling.maxReplicas": 100})))
+    with_peak = plan_deployment(build_plan_inputs(_spec(**{"scaling.maxReplicas": 100,
+                                                           "workload.peakRequestsPerSecond": 20})))
+    at_peak = plan_deployment(build_plan_inputs(_spec(**{"scaling.maxReplicas": 100,
+                                                         "workload.requestsPerSecond": 20})))
+    assert mean_only.chosen is not None and with_peak.chosen is not None and at_peak.chosen is not None
+    assert with_peak.chosen.replicas > mean_only.chosen.replicas
+    assert with_peak.chosen.replicas == at_peak.chosen.replicas
+    assert "for a peak of 20 req/s (mean 5)" in with_peak.explanation
+    with pytest.raises(ValueError, match="peakRequestsPerSecond"):
+        _spec(**{"workload.peakRequestsPerSecond": 2})  # below the mean of 5

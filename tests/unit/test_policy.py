@@ -24,6 +24,7 @@ from kvscale.perfmodel import (
     RequestShape,
     ServingSetup,
     build_replica_model,
+    estimate_at_concurrency,
     estimate_at_observed_load,
     estimate_at_rate,
 )
@@ -225,7 +226,7 @@ def test_observed_load_estimate_separates_decode_from_prompt_stalls() -> None:
     assert busy.prefill_s >= idle_prompts.prefill_s
 
 
-def test_a_burst_beyond_poisson_noise_is_sized_for_and_held_for_the_scale_down_window() -> None:
+def test_bursts_beyond_poisson_noise_are_sized_for_and_held_where_they_recur() -> None:
     context = _context(current=2, max_replicas=200, scale_down_stabilization_seconds=300)
     goodput = _goodput(context)
     mean = 2 * goodput
@@ -238,8 +239,16 @@ def test_a_burst_beyond_poisson_noise_is_sized_for_and_held_for_the_scale_down_w
     burst = decide(replace(_load(mean), peak_request_rate=8 * mean), context, ScalingHistory(), NOW)
     assert burst.recommended_replicas >= 3 * calm.recommended_replicas
     assert "bursts:" in burst.reason
-    # A calm window later still holds the burst's capacity for the scale-down window, then lets it go.
-    later = decide(_load(mean, at=NOW + 120), context, burst.history, NOW + 120)
+    # A single burst is not held: a load that drops looks just like one (its earlier peak is still in
+    # the rate window), and must come down after one window.
+    after_one = decide(_load(mean, at=NOW + 120), context, burst.history, NOW + 120)
+    assert after_one.recommended_replicas == calm.recommended_replicas
+    # Recurring bursts are a standing load: their capacity stays through the calm between them, for
+    # the scale-down window, then goes.
+    bursts = ScalingHistory()
+    for t, peak in ((NOW - 150, 8 * mean), (NOW - 60, mean), (NOW, 8 * mean)):
+        bursts = decide(replace(_load(mean, at=t), peak_request_rate=peak), context, bursts, t).history
+    later = decide(_load(mean, at=NOW + 120), context, bursts, NOW + 120)
     assert later.recommended_replicas == burst.recommended_replicas
     gone = decide(_load(mean, at=NOW + 400), context, later.history, NOW + 400)
     assert gone.recommended_replicas == calm.recommended_replicas
@@ -291,3 +300,22 @@ def test_the_prefill_percentile_becomes_the_tail_prompt_length() -> None:
     untailed = build_calibration_sample(context, _load(1.0), running_per_replica=4.0, tpot_mean_s=0.02,
                                         prefill_mean_s=0.3)
     assert untailed.shape.input_tokens_tail is None
+
+
+def test_varied_prompt_lengths_lengthen_the_prefill_queue() -> None:
+    exponential = math.log(100.0)  # an exponential's p99 over its mean
+    assert RequestShape(1000, 100).prompt_length_scv(0.99) == 0.0
+    assert RequestShape(1000, 100, 1000).prompt_length_scv(0.99) == 0.0
+    assert RequestShape(1000, 100, 1000 * exponential).prompt_length_scv(0.99) == pytest.approx(1.0)
+    assert RequestShape(1000, 100, 1000 * 3 * exponential).prompt_length_scv(0.99) == 1.0  # the floor's part
+    assert 0.0 < RequestShape(1000, 100, 2500).prompt_length_scv(0.99) < 1.0
+    # At a load where prompts queue and the percentile TTFT is the wait, not the long prompts' own
+    # prefill, a spread of lengths waits longer than alike prompts would.
+    model = build_replica_model(_context().setup)
+    alike, spread = RequestShape(1024, 64), RequestShape(1024, 64, 1024 * exponential)
+    saturation = float(estimate_at_concurrency(model, alike, np.array([64.0])).request_rate[0])
+    busy, trickle = np.array([0.8 * saturation]), np.array([1e-3])
+    floor = float(estimate_at_rate(model, spread, trickle, 64.0, 0.99).ttft_quantile_s[0])
+    alike_ttft = float(estimate_at_rate(model, alike, busy, 64.0, 0.99).ttft_quantile_s[0])
+    spread_ttft = float(estimate_at_rate(model, spread, busy, 64.0, 0.99).ttft_quantile_s[0])
+    assert alike_ttft > floor and spread_ttft > 1.2 * alike_ttft

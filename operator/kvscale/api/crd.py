@@ -65,6 +65,9 @@ CEL_RULES: Mapping[tuple[str, ...], Sequence[Mapping[str, str]]] = {
     ("spec", "workload"): [{  # WorkloadSection._context_holds_mean_request
         "rule": "!has(self.maxContextTokens) || self.maxContextTokens >= self.inputTokens + self.outputTokens",
         "message": "maxContextTokens must be at least inputTokens + outputTokens",
+    }, {  # WorkloadSection._peak_is_not_below_the_mean
+        "rule": "!has(self.peakRequestsPerSecond) || self.peakRequestsPerSecond >= self.requestsPerSecond",
+        "message": "peakRequestsPerSecond must be at least requestsPerSecond",
     }],
     ("spec", "scaling"): [{  # ScalingSection._bounds_ordered
         "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",

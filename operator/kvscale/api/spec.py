@@ -141,6 +141,16 @@ class WorkloadSection(ApiModel):
     requests_per_second: Annotated[
         float, Field(ge=0, le=1_000_000, description="Expected mean arrival rate, requests/s.")
     ]
+    peak_requests_per_second: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            le=1_000_000,
+            description="Expected arrival rate of the busiest minute, requests/s (at least the mean). The plan "
+            "starts this many replicas' worth of capacity, since a replica takes minutes to start; the "
+            "autoscaler then follows the live load.",
+        ),
+    ] = None
     input_tokens: Annotated[int, Field(ge=1, le=10_000_000, description="Mean prompt length, tokens.")]
     output_tokens: Annotated[int, Field(ge=1, le=1_000_000, description="Mean output length, tokens.")]
     max_context_tokens: Annotated[
@@ -152,6 +162,20 @@ class WorkloadSection(ApiModel):
             "model's maximum, clamped to what fits in memory.",
         ),
     ] = None
+
+    @property
+    def planned_requests_per_second(self) -> float:
+        """The rate the plan's replicas are sized for: the peak when known, else the mean."""
+        return max(self.requests_per_second, self.peak_requests_per_second or 0.0)
+
+    @model_validator(mode="after")
+    def _peak_is_not_below_the_mean(self) -> WorkloadSection:
+        if self.peak_requests_per_second is not None and self.peak_requests_per_second < self.requests_per_second:
+            raise ValueError(
+                f"peakRequestsPerSecond ({self.peak_requests_per_second:g}) must be at least requestsPerSecond "
+                f"({self.requests_per_second:g})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _context_holds_mean_request(self) -> WorkloadSection:

@@ -97,9 +97,15 @@ class ScalingHistory:
         return min(max(arrivals, arrivals + slope * REPLICA_STARTUP_S), arrivals * MAX_FORECAST_GROWTH)
 
     def recent_burst(self, now_s: float, lookback_s: float) -> float:
-        """The arrivals/s of the largest burst of the last `lookback_s`; 0 when none is known. Only
-        windows whose peak Poisson noise does not explain count: a steady demand is not held."""
-        return max((b for t, _, _, b in self.demands if now_s - t <= lookback_s), default=0.0)
+        """The arrivals/s of the largest burst of the last `lookback_s` where bursts recur (two or more
+        separate ones in the last two lookbacks); else 0. Only windows whose peak Poisson noise does not
+        explain count, and a single one is not held either: a load that drops looks like one (its
+        earlier peak is still in the rate window), and must scale down after one window."""
+        remembered = [(t, b) for t, _, _, b in self.demands if now_s - t <= 2 * lookback_s]
+        starts = sum(1 for i, (_, b) in enumerate(remembered) if b > 0 and (i == 0 or remembered[i - 1][1] <= 0))
+        if starts < 2:
+            return 0.0
+        return max((b for t, b in remembered if now_s - t <= lookback_s), default=0.0)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         return [r for t, r in self.recommendations if now_s - t <= window_s]
@@ -272,7 +278,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     queued = (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     history = history.with_demand(observation.sampled_at_s, _arrivals(observation, history) + queued,
                                   _in_flight(observation), _burst_arrivals(observation, history, queued),
-                                  spec.scaling.scale_down_stabilization_seconds)
+                                  2 * spec.scaling.scale_down_stabilization_seconds)
     low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
     recommended = min(max(wanted, low), high)
     if recommended != wanted:

@@ -8,6 +8,7 @@ prefill capacity (G/G/1 over the token budget). All functions broadcast over num
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,14 @@ class RequestShape:
     input_tokens: float
     output_tokens: float
     input_tokens_tail: float | None = None
+
+    def prompt_length_scv(self, quantile: float) -> float:
+        """Squared coefficient of variation of prompt lengths, matched to the percentile prompt: 0 when
+        it is the mean (all prompts alike), 1 when it sits where an exponential's would (-ln(1-q) x
+        the mean), and no more (a heavier tail is the floor's business, not the queue's)."""
+        ratio = self.tail_input_tokens / max(self.input_tokens, 1.0)
+        exponential = -math.log(1.0 - quantile)
+        return min(1.0, ((ratio - 1.0) / (exponential - 1.0)) ** 2) if exponential > 1.0 else 0.0
 
     @property
     def tail_input_tokens(self) -> float:
@@ -261,7 +270,8 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     prefill_rho = rate / _prefill_capacity_rate(model, shape, running)
     # Poisson arrivals, deterministic prefill of a mean-length prompt: variable lengths are learned
     # online as a tail factor (kvscale.autoscaler.calibration).
-    prefill_wait = gg1_wait_quantile_s(prefill_rho, own_prefill, quantile)
+    prefill_wait = gg1_wait_quantile_s(prefill_rho, own_prefill, quantile,
+                                       service_scv=shape.prompt_length_scv(quantile))
     alignment = mean / 2.0  # an arrival lands mid-step
     # The percentile TTFT is a long prompt prefilled without waiting, or a typical one after the
     # percentile wait, whichever is longer: the two rarely coincide, and a sum of percentiles would

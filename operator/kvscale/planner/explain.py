@@ -17,6 +17,14 @@ _BINDING_WORDS = {
 }
 
 
+
+def _load_words(spec: LLMDeploymentSpec) -> str:
+    """The load the replicas are sized for: the mean, or the stated peak beside it."""
+    workload = spec.workload
+    if workload.peak_requests_per_second is None or workload.peak_requests_per_second <= workload.requests_per_second:
+        return f"{workload.requests_per_second:g} req/s"
+    return f"a peak of {workload.peak_requests_per_second:g} req/s (mean {workload.requests_per_second:g})"
+
 def _money(value: float) -> str:
     return f"${value:,.2f}/h"
 
@@ -28,7 +36,7 @@ def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
     parts = [
         f"{chosen.replicas} x {chosen.tensor_parallel} {chosen.gpu_type} (TP{chosen.tensor_parallel}, "
         f"max-num-seqs {chosen.max_num_seqs}, max-model-len {chosen.max_model_len}) for "
-        f"{spec.workload.requests_per_second:g} req/s at {_money(chosen.cost_per_hour)}.",
+        f"{_load_words(spec)} at {_money(chosen.cost_per_hour)}.",
         f"Each replica sustains {chosen.goodput_requests_per_s:.2f} req/s "
         f"({chosen.goodput_output_tokens_per_s:,.0f} output tok/s) before "
         f"{_BINDING_WORDS.get(chosen.binding, chosen.binding)}; "
@@ -63,7 +71,7 @@ def explain_infeasible(spec: LLMDeploymentSpec, over_bounds: Sequence[Candidate]
         return "replicas", (
             f"No plan within maxReplicas {spec.scaling.max_replicas}: the cheapest needs {best.replicas} x "
             f"{best.tensor_parallel} {best.gpu_type} (TP{best.tensor_parallel}, {best.goodput_requests_per_s:.2f} "
-            f"req/s per replica) for {spec.workload.requests_per_second:g} req/s. Raise maxReplicas or add GPU types."
+            f"req/s per replica) for {_load_words(spec)}. Raise maxReplicas or add GPU types."
         )
     memory = [c for c in rejected if c.rejection.startswith(("does not fit", "maxContextTokens"))]
     if memory and len(memory) == len(rejected):

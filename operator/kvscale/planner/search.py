@@ -107,7 +107,7 @@ def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0) -> Candida
 
 
 def _replicas_for(spec: LLMDeploymentSpec, goodput_rps: float) -> int:
-    demand = spec.workload.requests_per_second * (1.0 + spec.scaling.headroom)
+    demand = spec.workload.planned_requests_per_second * (1.0 + spec.scaling.headroom)
     needed = math.ceil(demand / goodput_rps - 1e-9) if demand > 0 else 0
     if spec.workload.requests_per_second > 0:
         needed = max(needed, 1)

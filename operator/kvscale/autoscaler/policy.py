@@ -187,16 +187,9 @@ def _arrivals(observation: Observation, history: ScalingHistory) -> float:
     return history.arrivals(observation.sampled_at_s, observation.request_rate or 0.0, _in_flight(observation))
 
 
-def _burst_arrivals(observation: Observation, history: ScalingHistory, queued: float) -> float:
-    """The demand of a burst (mean plus excess plus queue drain), or 0 when the window held none."""
-    excess = _burst_excess(observation, history)
-    return _arrivals(observation, history) + queued + excess if excess > 0 else 0.0
-
-
-def _burst_excess(observation: Observation, history: ScalingHistory) -> float:
-    """Arrivals/s of the window's busiest interval above the mean, beyond what Poisson noise explains
-    (2 sigma): the goodput model already allows for Poisson arrivals, not for bursts of seconds."""
-    mean = _arrivals(observation, history)
+def _burst_excess(observation: Observation, mean: float) -> float:
+    """Arrivals/s of the window's busiest interval above its mean arrivals, beyond what Poisson noise
+    explains (2 sigma): the goodput model already allows for Poisson arrivals, not for bursts of seconds."""
     peak = observation.peak_request_rate
     if peak is None:
         return 0.0
@@ -211,7 +204,7 @@ def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem
 
 
 def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
-               ) -> tuple[int, str, list[str]]:
+               arrivals: float, burst_excess: float) -> tuple[int, str, list[str]]:
     """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
 
     Corrections for breaches and queues scale from Ready replicas only: replicas still loading a model
@@ -224,11 +217,10 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     starting = context.ready_replicas < context.current_replicas
     waiting = observation.waiting_requests or 0.0
     # Arrivals, plus what is piling up in the queue, which should drain within QUEUE_DRAIN_S.
-    arrival = _arrivals(observation, history) + waiting / QUEUE_DRAIN_S
+    arrival = arrivals + waiting / QUEUE_DRAIN_S
     trended = history.forecast(observation.sampled_at_s, arrival)
     window_s = spec.scaling.scale_down_stabilization_seconds
-    burst = max(arrival + _burst_excess(observation, history),
-                history.recent_burst(observation.sampled_at_s, window_s))
+    burst = max(arrival + burst_excess, history.recent_burst(observation.sampled_at_s, window_s))
     expected = max(trended, burst)
     wanted = math.ceil(expected * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
     binding = "demand"
@@ -274,10 +266,13 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
 
     shape = context.calibration.shape(_shape(observation, spec))
     goodput = replica_goodput(context, shape)
-    wanted, binding, reasons = _recommend(observation, context, goodput, history)
-    queued = (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
-    history = history.with_demand(observation.sampled_at_s, _arrivals(observation, history) + queued,
-                                  _in_flight(observation), _burst_arrivals(observation, history, queued),
+    arrivals = _arrivals(observation, history)
+    excess = _burst_excess(observation, arrivals)
+    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess)
+    demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
+    # Remembered for two windows: bursts are held where two or more fall within them.
+    history = history.with_demand(observation.sampled_at_s, demand, _in_flight(observation),
+                                  demand + excess if excess > 0 else 0.0,
                                   2 * spec.scaling.scale_down_stabilization_seconds)
     low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
     recommended = min(max(wanted, low), high)

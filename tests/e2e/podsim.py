@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import re
-import subprocess
 import threading
 import time
 import urllib.error
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bedctl import binary
-from bedkit import STATE_DIR, InferenceSim, Kube, Prometheus, free_port, wait_until
+from bedkit import InferenceSim, Kube, Prometheus, launch_sim, wait_until
 from sim_profiles import LatencyProfile, profile_for
 
 from kvscale.api.spec import KvCacheDtype, Precision
@@ -163,35 +162,9 @@ def sim_config(launch: PodLaunch) -> SimConfig:
 
 def spawn_sim(sim_binary: str, config: SimConfig, seed: int, startup_timeout: float = 30) -> InferenceSim:
     """Start one simulator on a free loopback port and wait for /health (retrying a port lost to a race)."""
-    logs, pids = STATE_DIR / "logs", STATE_DIR / "pids"
-    logs.mkdir(parents=True, exist_ok=True)
-    pids.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "POD_IP": "127.0.0.1"}  # the simulator's KV cache wants to know its pod IP
-    last_log = ""
-    for _attempt in range(3):
-        port = free_port()
-        log_path = logs / f"llm-d-inference-sim-{port}.log"
-        argv = [sim_binary, f"--port={port}", f"--seed={seed}", *config.args()]
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-        pid_path = pids / f"llm-d-inference-sim-{port}.pid"
-        pid_path.write_text(f"{proc.pid}\n")
-        sim = InferenceSim(config.launch.served_model_name, port, proc, log_path, pid_path)
-        deadline = time.monotonic() + startup_timeout
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{sim.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return sim
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.05)
-        sim.stop()
-        last_log = log_path.read_text(errors="replace")[-3000:]
-        if "address already in use" not in last_log:
-            break
-    raise RuntimeError(f"llm-d-inference-sim did not become healthy: {argv}\n{last_log}")
+    return launch_sim(lambda port: [sim_binary, f"--port={port}", f"--seed={seed}", *config.args()],
+                      config.launch.served_model_name, startup_timeout, env)
 
 
 _GAUGE = re.compile(r"^(vllm:num_requests_running|vllm:num_requests_waiting)\{[^}]*\} ([0-9.eE+-]+)$", re.M)

@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,36 +239,42 @@ def start_inference_sim(
     .testbed/pids/llm-d-inference-sim-PORT.pid, so down.sh can stop one a crashed session leaked.
     The simulator has no bind-address flag: it listens on all interfaces; we only ever use 127.0.0.1.
     """
+    return launch_sim(lambda port: [
+        binary,
+        f"--port={port}",
+        f"--model={model}",
+        f"--max-num-seqs={max_num_seqs}",
+        f"--time-to-first-token={ttft_ms}ms",
+        f"--inter-token-latency={itl_ms}ms",
+        f"--mode={mode}",
+        # hermetic: never call the tokenizer render service (--render-url) for HF-like names
+        "--force-dummy-tokenizer",
+        *(extra_args or []),
+    ], model, startup_timeout)
+
+
+def launch_sim(argv_for_port: Callable[[int], list[str]], served_model: str, startup_timeout: float = 30,
+               env: Mapping[str, str] | None = None) -> InferenceSim:
+    """Start one `llm-d-inference-sim` on a free loopback port and wait until /health answers 200.
+
+    Its output goes to .testbed/logs/llm-d-inference-sim-PORT.log and its PID to
+    .testbed/pids/llm-d-inference-sim-PORT.pid, so down.sh can stop one a crashed session leaked.
+    The bed tests and the e2e pod simulators both start theirs here.
+    """
     logs, pids = STATE_DIR / "logs", STATE_DIR / "pids"
     logs.mkdir(parents=True, exist_ok=True)
     pids.mkdir(parents=True, exist_ok=True)
-    last_log = ""
+    last_log, argv = "", [""]
     for _attempt in range(3):  # a probed free port can be taken before the sim binds it: retry
         port = free_port()
         log_path = logs / f"llm-d-inference-sim-{port}.log"
-        args = [
-            binary,
-            f"--port={port}",
-            f"--model={model}",
-            f"--max-num-seqs={max_num_seqs}",
-            f"--time-to-first-token={ttft_ms}ms",
-            f"--inter-token-latency={itl_ms}ms",
-            f"--mode={mode}",
-            # hermetic: never call the tokenizer render service (--render-url) for HF-like names
-            "--force-dummy-tokenizer",
-            *(extra_args or []),
-        ]
+        argv = argv_for_port(port)
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=None if env is None else dict(env), start_new_session=True)
         pid_path = pids / f"llm-d-inference-sim-{port}.pid"
         pid_path.write_text(f"{proc.pid}\n")
-        sim = InferenceSim(model, port, proc, log_path, pid_path)
+        sim = InferenceSim(served_model, port, proc, log_path, pid_path)
         deadline = time.monotonic() + startup_timeout
         while proc.poll() is None and time.monotonic() < deadline:
             try:
@@ -277,9 +283,9 @@ def start_inference_sim(
                         return sim
             except (OSError, urllib.error.URLError):
                 pass
-            time.sleep(0.1)
+            time.sleep(0.05)
         sim.stop()
         last_log = log_path.read_text(errors="replace")[-3000:]
         if "address already in use" not in last_log:
             break
-    raise AssertionError(f"llm-d-inference-sim did not become healthy: {args}\n{last_log}")
+    raise RuntimeError(f"llm-d-inference-sim did not become healthy: {argv}\n{last_log}")

@@ -1,14 +1,19 @@
 """Planner: choices, constraints and explanations."""
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvscale.api.spec import LLMDeploymentSpec, load_resource
+from kvscale.perfmodel import RequestShape, build_replica_model, estimate_goodput
 from kvscale.planner import build_plan_inputs, plan_deployment
+from kvscale.planner.search import chosen_setup, planned_shape
 
 EXAMPLES = sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.yaml"))
 
@@ -156,3 +161,25 @@ def test_a_stated_peak_sizes_the_starting_replicas_and_never_goes_below_the_mean
     assert "for a peak of 20 req/s (mean 5)" in with_peak.explanation
     with pytest.raises(ValueError, match="peakRequestsPerSecond"):
         _spec(**{"workload.peakRequestsPerSecond": 2})  # below the mean of 5
+
+
+def test_the_plan_assumes_exponential_prompt_lengths_for_the_ttft_percentile() -> None:
+    shape = planned_shape(_spec(**{"slo.percentile": 99}))
+    assert shape.input_tokens == 1000
+    assert shape.input_tokens_tail == pytest.approx(1000 * math.log(100.0))  # an exponential's p99
+    capped = planned_shape(_spec(**{"slo.percentile": 99, "workload.maxContextTokens": 3000}))
+    assert capped.input_tokens_tail == pytest.approx(3000 - 200)  # no prompt is longer than the context allows
+    # Long prompts cost TTFT: with a tight TTFT a replica's goodput is lower than if prompts were alike.
+    tight = _spec(**{"slo.percentile": 99, "slo.ttftMs": 800, "workload.inputTokens": 2000,
+                     "scaling.maxReplicas": 100})
+    inputs = build_plan_inputs(tight)
+    chosen = plan_deployment(inputs).chosen
+    assert chosen is not None
+    model = build_replica_model(chosen_setup(inputs, chosen))
+    tailed = planned_shape(tight)
+    alike = replace(tailed, input_tokens_tail=None)
+    slots = np.array([float(chosen.max_num_seqs)])
+    def goodput(shape: RequestShape) -> float:
+        return float(estimate_goodput(model, shape, slots, 0.8, 0.05, 0.99).request_rate[0])
+    assert chosen.goodput_requests_per_s == pytest.approx(goodput(tailed), rel=1e-6)
+    assert goodput(tailed) < goodput(alike)

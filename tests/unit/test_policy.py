@@ -319,3 +319,41 @@ def test_varied_prompt_lengths_lengthen_the_prefill_queue() -> None:
     alike_ttft = float(estimate_at_rate(model, alike, busy, 64.0, 0.99).ttft_quantile_s[0])
     spread_ttft = float(estimate_at_rate(model, spread, busy, 64.0, 0.99).ttft_quantile_s[0])
     assert alike_ttft > floor and spread_ttft > 1.2 * alike_ttft
+
+
+def test_bursty_windows_teach_the_shape_but_not_the_speed_or_tails() -> None:
+    context = _context()
+    steady = build_calibration_sample(context, replace(_load(1.0), peak_request_rate=1.0), running_per_replica=4.0,
+                                      tpot_mean_s=0.2, prefill_mean_s=3.0)
+    # The same window whose busiest 30 s ran at 4x the mean: prompts shared steps far more than the mean
+    # rate says, so its slow steps measure the burst, not the servers.
+    burst = build_calibration_sample(context, replace(_load(1.0), peak_request_rate=4.0), running_per_replica=4.0,
+                                     tpot_mean_s=0.2, prefill_mean_s=3.0)
+    assert not steady.bursty and burst.bursty
+    learned = calibrate(Calibration(), context.setup, steady)
+    assert learned.decode_factor < 1.0 and learned.prefill_factor < 1.0
+    kept = calibrate(Calibration(), context.setup, burst)
+    assert (kept.decode_factor, kept.prefill_factor, kept.samples) == (1.0, 1.0, 0)
+    assert (kept.ttft_tail_factor, kept.tpot_tail_factor) == (1.0, 1.0)
+    assert kept.input_tokens == 1024 and kept.output_tokens == 256
+
+
+def test_a_light_load_still_measures_decode_speed() -> None:
+    context = _context()
+    shape = RequestShape(1024, 256)
+    model = build_replica_model(context.setup)
+    light = 0.2  # sequences running on average: a batch of one now and then
+    predicted = estimate_at_observed_load(model, shape, light, 0.01).tpot_mean_s
+    sample = CalibrationSample(shape=shape, quantile=0.95, running_per_replica=light, rate_per_replica=0.01,
+                               slots=256.0, tpot_mean_s=predicted * 1.25)
+    assert calibrate(Calibration(), context.setup, sample).decode_factor < 1 / 1.2
+    idle = replace(sample, running_per_replica=0.0)
+    assert calibrate(Calibration(), context.setup, idle).decode_factor == 1.0
+
+
+def test_a_percentile_within_the_tolerance_of_the_slo_is_not_a_breach() -> None:
+    context = _context(current=3)
+    near = decide(_load(0.5, ttft_s=1.05), context, ScalingHistory(), NOW)  # SLO TTFT 1000 ms, 5% over
+    assert near.binding != "ttft" and near.desired_replicas <= 3
+    over = decide(_load(0.5, ttft_s=1.2), context, ScalingHistory(), NOW)
+    assert over.binding == "ttft" and over.desired_replicas >= 4

@@ -6,6 +6,9 @@ observed means rescale the model's achieved bandwidth (decode) and compute (pref
 Tails: percentiles of real traffic are wider than the model's (lengths vary, arrivals cluster), so
 the ratio of observed to predicted SLO-percentile TTFT and TPOT is learned as a tail factor, which
 tightens the SLOs the goodput is computed against.
+Windows whose arrivals came in bursts (beyond Poisson noise) teach only the request shape: their
+prompts shared steps far more than the mean rate says, and fitting speed to them reads a burst as
+slow hardware (the policy sizes for bursts separately).
 Every factor is bounded (one odd sample never swings the model past the bounds) and smoothed in log
 space (a step change is followed within a few cycles without chasing noise).
 """
@@ -27,7 +30,9 @@ from kvscale.perfmodel import (
 SPEED_BOUNDS = (0.25, 4.0)  # the model may be off by 4x either way, not more
 TAIL_BOUNDS = (0.5, 4.0)
 SMOOTHING = 0.3  # weight of the newest sample
-MIN_RUNNING_FOR_DECODE_FIT = 1.0
+# A window in which sequences ran at all times this long (on average) measured decode steps; even a
+# light load's batch of one is a clean measurement of the step at that batch.
+MIN_RUNNING_FOR_DECODE_FIT = 0.05
 # Below this share of decode work in the mean inter-token time, TPOT measures prompt stalls (and how
 # bursty arrivals bunch them), not decode speed: such windows leave the decode factor alone.
 MIN_DECODE_SHARE_FOR_FIT = 0.5
@@ -48,6 +53,9 @@ class CalibrationSample:
     prefill_mean_s: float | None = None
     steady: bool = True  # no queue and no replica starting: only then do percentiles say something
     # about the servers rather than about a backlog (which the policy's queue term handles)
+    bursty: bool = False  # arrivals clustered beyond Poisson noise: prompts shared the token budget
+    # and steps far more than the window's mean rate says, so its means and percentiles measure the
+    # burst (which the policy sizes for separately), not the servers' speed or tails
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,10 @@ def _smoothed_value(previous: float | None, sample: float) -> float:
 
 
 def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSample) -> Calibration:
-    """One calibration step from one window; unchanged when the window holds nothing to learn from."""
+    """One calibration step from one window; unchanged when the window holds nothing to learn from.
+    A bursty window (CalibrationSample.bursty) updates only the request shape."""
+    if sample.bursty:
+        return _with_shape(previous, sample)
     first = previous.samples == 0
     model = build_replica_model(replace(setup, efficiency=previous.efficiency(setup.efficiency)))
     rate = sample.rate_per_replica if sample.rate_per_replica and sample.rate_per_replica > 0 else None
@@ -120,12 +131,6 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
                                previous.decode_factor * seen.tpot_mean_s / sample.tpot_mean_s, first, SPEED_BOUNDS)
     if tpot_error is None and ttft_error is None:
         return previous
-    input_tokens = _smoothed_value(previous.input_tokens, sample.shape.input_tokens)
-    output_tokens = _smoothed_value(previous.output_tokens, sample.shape.output_tokens)
-    input_tokens_tail = previous.input_tokens_tail
-    if sample.shape.input_tokens_tail is not None:
-        input_tokens_tail = _smoothed_value(previous.input_tokens_tail, sample.shape.input_tokens_tail)
-
     tpot_tail, ttft_tail = previous.tpot_tail_factor, previous.ttft_tail_factor
     if rate is not None and sample.steady and (sample.tpot_quantile_s or sample.ttft_quantile_s):
         speed = replace(previous, decode_factor=decode, prefill_factor=prefill)
@@ -137,7 +142,16 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
         if sample.ttft_quantile_s and bool(at.stable) and float(at.ttft_quantile_s) > 0:
             ttft_tail = _smoothed(previous.ttft_tail_factor, sample.ttft_quantile_s / float(at.ttft_quantile_s),
                                   first, TAIL_BOUNDS)
-    return Calibration(decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
-                       ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,
-                       samples=previous.samples + 1, input_tokens=input_tokens, output_tokens=output_tokens,
-                       input_tokens_tail=input_tokens_tail)
+    return _with_shape(replace(previous, decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
+                               ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,
+                               samples=previous.samples + 1), sample)
+
+
+def _with_shape(calibration: Calibration, sample: CalibrationSample) -> Calibration:
+    """The smoothed request shape updated with the window's."""
+    tail = calibration.input_tokens_tail
+    if sample.shape.input_tokens_tail is not None:
+        tail = _smoothed_value(calibration.input_tokens_tail, sample.shape.input_tokens_tail)
+    return replace(calibration, input_tokens=_smoothed_value(calibration.input_tokens, sample.shape.input_tokens),
+                   output_tokens=_smoothed_value(calibration.output_tokens, sample.shape.output_tokens),
+                   input_tokens_tail=tail)

@@ -6,8 +6,8 @@ Demand (requests/s × tokens) is set against each replica's calibrated goodput a
 headroom. Demand is the larger of the trend one replica start-up ahead and the latest burst: the
 arrivals plus the busiest 30 s above the mean beyond Poisson noise. Bursts of seconds end before a
 new replica is Ready, so a burst's demand stands for the scale-down window (only where the peak was
-a burst: a steady demand is not held twice). Breaches of the observed percentile TTFT/TPOT or a
-growing queue add replicas. Scale-up is fast (its stabilization window defaults to zero) and
+a burst: a steady demand is not held twice). Breaches of the observed percentile TTFT/TPOT beyond a
+10% tolerance or a growing queue add replicas. Scale-up is fast (its stabilization window defaults to zero) and
 bounded per step; scale-down waits for its window and then steps down gently. Missing, stale or
 implausible metrics never scale down. The operator (in Auto or Recommend mode) and the simulator
 call this same function.
@@ -24,6 +24,7 @@ from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.autoscaler.calibration import Calibration, CalibrationSample
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
+from kvscale.planner.search import planned_shape
 from kvscale.units import ms_to_s
 
 MAX_SCALE_UP_STEP = 4  # HPA's default: at most 4 pods or 100% more per decision, whichever is larger
@@ -41,6 +42,10 @@ IN_FLIGHT_WINDOW_S = 60.0
 POISSON_PEAK_SIGMAS = 2.0
 # Demand is kept this long for the trend and for burst peaks (a longer scale-down window keeps them longer).
 DEMAND_MEMORY_S = 2 * REPLICA_STARTUP_S
+# HPA's tolerance: an observed percentile within 10% of its SLO over one window is mostly a burst's
+# passing queue, which the burst term sizes for; counting it as a shortfall of replicas each time
+# ratchets the fleet up, window after window, for the length of the scale-down window.
+BREACH_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -157,17 +162,18 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
     """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
     nothing queues and no replica is starting. The operator and the simulator both build it here."""
     pods = max(observation.pods_scraped, 1)
-    shape = _shape(observation, context.spec)
+    shape = replace(_shape(observation, context.spec), input_tokens_tail=None)  # only an observed tail counts
     prefill_tail_s = observation.prefill_quantile_s
     if prefill_tail_s and prefill_mean_s and prefill_tail_s > prefill_mean_s:
         # The percentile prompt, in tokens: prefill time grows with prompt length at the window's load.
         shape = replace(shape, input_tokens_tail=shape.input_tokens * prefill_tail_s / prefill_mean_s)
     rate = observation.request_rate
+    bursty = rate is not None and _burst_excess(observation, rate) > 0.0
     return CalibrationSample(
         shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running_per_replica,
         rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
         tpot_mean_s=tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
-        prefill_mean_s=prefill_mean_s,
+        prefill_mean_s=prefill_mean_s, bursty=bursty,
         steady=(observation.waiting_requests or 0.0) / pods < 1.0
         and context.ready_replicas >= context.current_replicas)
 
@@ -176,7 +182,10 @@ def _shape(observation: Observation, spec: LLMDeploymentSpec) -> RequestShape:
     """The observed request shape, falling back to the spec's expectation where a window saw nothing."""
     inputs = observation.mean_input_tokens or spec.workload.input_tokens
     outputs = observation.mean_output_tokens or spec.workload.output_tokens
-    return RequestShape(float(max(inputs, 1.0)), float(max(outputs, 1.0)))
+    # Until a window shows the percentile prompt (calibration), it is assumed as the plan assumes it.
+    planned = planned_shape(spec)
+    tail = planned.tail_input_tokens * inputs / spec.workload.input_tokens
+    return RequestShape(float(max(inputs, 1.0)), float(max(outputs, 1.0)), tail)
 
 
 def _in_flight(observation: Observation) -> float:
@@ -233,10 +242,10 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
                f"goodput {goodput:.2f} req/s per replica -> {wanted}"]
     breaches = []
     p = f"p{spec.slo.percentile:g}"
-    if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms:
+    if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms * (1 + BREACH_TOLERANCE):
         ttft_ms = observation.ttft_s * 1000.0
         breaches.append(("ttft", ttft_ms / spec.slo.ttft_ms, f"{p} TTFT {ttft_ms:.0f} ms > SLO {spec.slo.ttft_ms:g}"))
-    if observation.tpot_s is not None and observation.tpot_s * 1000.0 > spec.slo.tpot_ms:
+    if observation.tpot_s is not None and observation.tpot_s * 1000.0 > spec.slo.tpot_ms * (1 + BREACH_TOLERANCE):
         tpot_ms = observation.tpot_s * 1000.0
         breaches.append(("tpot", tpot_ms / spec.slo.tpot_ms, f"{p} TPOT {tpot_ms:.1f} ms > SLO {spec.slo.tpot_ms:g}"))
     if breaches:

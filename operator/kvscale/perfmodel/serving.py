@@ -41,6 +41,17 @@ class RequestShape:
         exponential = -math.log(1.0 - quantile)
         return min(1.0, ((ratio - 1.0) / (exponential - 1.0)) ** 2) if exponential > 1.0 else 0.0
 
+    @classmethod
+    def with_assumed_tail(cls, input_tokens: float, output_tokens: float, quantile: float,
+                          max_prompt_tokens: float | None = None) -> RequestShape:
+        """A shape known only by its means: prompt lengths taken as exponential (the maximum-entropy
+        guess, as for output lengths in kvscale.perfmodel.tails; both Azure traces are close to it,
+        squared CV 0.92), so the percentile prompt is -ln(1 - q) x the mean, within the longest prompt."""
+        tail = input_tokens * -math.log(max(1.0 - quantile, 1e-9))
+        if max_prompt_tokens is not None:
+            tail = min(tail, max(max_prompt_tokens, input_tokens))
+        return cls(input_tokens, output_tokens, max(tail, input_tokens))
+
     @property
     def tail_input_tokens(self) -> float:
         """The prompt length the TTFT percentile is computed for: the tail, never below the mean."""

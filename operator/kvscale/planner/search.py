@@ -106,6 +106,15 @@ def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0) -> Candida
     )
 
 
+def planned_shape(spec: LLMDeploymentSpec) -> RequestShape:
+    """The request shape the spec states, with the percentile prompt assumed (exponential lengths):
+    a workload's longest prompts set its TTFT percentile, and the spec gives only the mean."""
+    workload = spec.workload
+    longest = None if workload.max_context_tokens is None else workload.max_context_tokens - workload.output_tokens
+    return RequestShape.with_assumed_tail(workload.input_tokens, workload.output_tokens,
+                                          spec.slo.percentile / 100.0, longest)
+
+
 def _replicas_for(spec: LLMDeploymentSpec, goodput_rps: float) -> int:
     demand = spec.workload.planned_requests_per_second * (1.0 + spec.scaling.headroom)
     needed = math.ceil(demand / goodput_rps - 1e-9) if demand > 0 else 0
@@ -118,7 +127,7 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
     spec = inputs.spec
     arch = inputs.arch
     quantile = spec.slo.percentile / 100.0
-    shape = RequestShape(spec.workload.input_tokens, spec.workload.output_tokens)
+    shape = planned_shape(spec)
     setup = build_serving_setup(inputs, gpu, tp)
     utilization = setup.gpu_memory_utilization
     batches = max_num_seqs_options(setup.token_budget, spec.serving.max_num_seqs)

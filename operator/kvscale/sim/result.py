@@ -36,6 +36,8 @@ class TimelinePoint:
 class SimulationResult:
     metrics: dict[str, Any]
     timeline: tuple[TimelinePoint, ...] = field(repr=False)
+    # Per request, in the trace's (arrival) order: whether it met both SLOs.
+    met_slo: np.ndarray[Any, np.dtype[np.bool_]] = field(repr=False, default_factory=lambda: np.zeros(0, bool))
 
     def to_dict(self, with_timeline: bool = False) -> dict[str, Any]:
         body = dict(self.metrics)
@@ -111,4 +113,4 @@ def summarize(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPoli
         "attribution": trace.attribution,
         "policy_detail": policy.summary(),
     }
-    return SimulationResult(metrics=metrics, timeline=tuple(timeline))
+    return SimulationResult(metrics=metrics, timeline=tuple(timeline), met_slo=met)

@@ -65,7 +65,7 @@ def test_one_server_at_a_trickle_matches_the_model(deployment: SimulatedDeployme
         assert m[key] == pytest.approx(prefill_ms, rel=0.02)
     for key in ("p50_tpot_ms", "p99_tpot_ms"):
         assert m[key] == pytest.approx(decode_ms, rel=0.02)
-    assert m["slo_attainment"] == 1.0
+    assert m["slo_attainment"] == 1.0 and result.met_slo.shape == (20,) and result.met_slo.all()
     assert m["gpu_hours"] == pytest.approx(deployment.tensor_parallel * m["simulated_s"] / 3600, rel=1e-3)
 
 
@@ -80,6 +80,10 @@ def test_overload_grows_the_queue_and_ttft_without_bound(deployment: SimulatedDe
     # TTFT of whoever got a first token grows with arrival time.
     ttft = [p.ttft_s for p in result.timeline if p.ttft_s is not None]
     assert ttft[-1] > 5 * ttft[1] and ttft[-1] > 60.0
+    # Per request, in arrival order: the latest arrivals, deepest in the queue, all missed.
+    assert result.met_slo.shape == (sim["requests"],)
+    assert result.met_slo.mean() == pytest.approx(sim["slo_attainment"], abs=1e-5)
+    assert not result.met_slo[-100:].any()
 
 
 def test_step_cost_is_the_models_step_time() -> None:

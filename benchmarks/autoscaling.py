@@ -186,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"p{m['slo']['percentile']:g} TTFT {test['ttft_ms']} ms / TPOT {test['tpot_ms']} ms "
                   f"({test['requests_per_rate']} Poisson requests per rate, trace lengths); peak minute "
                   f"{m['policy_detail']['peak_rate_per_s']} req/s -> {m['policy_detail']['replicas']} replicas")
-    for m in results:
         c = m["policy_detail"].get("calibration")
         if c:
             print(f"  kvscale on {m['trace']}: calibration ended at decode factor {c['decode_factor']}, prefill "

@@ -162,7 +162,7 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
     """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
     nothing queues and no replica is starting. The operator and the simulator both build it here."""
     pods = max(observation.pods_scraped, 1)
-    shape = replace(_shape(observation, context.spec), input_tokens_tail=None)  # only an observed tail counts
+    shape = _shape(observation, context.spec)
     prefill_tail_s = observation.prefill_quantile_s
     if prefill_tail_s and prefill_mean_s and prefill_tail_s > prefill_mean_s:
         # The percentile prompt, in tokens: prefill time grows with prompt length at the window's load.
@@ -179,13 +179,17 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
 
 
 def _shape(observation: Observation, spec: LLMDeploymentSpec) -> RequestShape:
-    """The observed request shape, falling back to the spec's expectation where a window saw nothing."""
+    """The observed mean request shape, falling back to the spec's expectation where a window saw nothing."""
     inputs = observation.mean_input_tokens or spec.workload.input_tokens
     outputs = observation.mean_output_tokens or spec.workload.output_tokens
-    # Until a window shows the percentile prompt (calibration), it is assumed as the plan assumes it.
+    return RequestShape(float(max(inputs, 1.0)), float(max(outputs, 1.0)))
+
+
+def _with_assumed_tail(shape: RequestShape, spec: LLMDeploymentSpec) -> RequestShape:
+    """Until calibration has seen the percentile prompt, it is assumed as the plan assumes it, in
+    proportion to the observed mean prompt."""
     planned = planned_shape(spec)
-    tail = planned.tail_input_tokens * inputs / spec.workload.input_tokens
-    return RequestShape(float(max(inputs, 1.0)), float(max(outputs, 1.0)), tail)
+    return replace(shape, input_tokens_tail=planned.tail_input_tokens * shape.input_tokens / planned.input_tokens)
 
 
 def _in_flight(observation: Observation) -> float:
@@ -273,7 +277,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         text = problem or "no metrics"
         return _hold(context, history, f"holding {context.current_replicas} replicas: {text}", text)
 
-    shape = context.calibration.shape(_shape(observation, spec))
+    shape = context.calibration.shape(_with_assumed_tail(_shape(observation, spec), spec))
     goodput = replica_goodput(context, shape)
     arrivals = _arrivals(observation, history)
     excess = _burst_excess(observation, arrivals)

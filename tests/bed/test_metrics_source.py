@@ -37,7 +37,8 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
         'min(timestamp(vllm:num_requests_running{namespace="metrics-test"}))',
         lambda rows: rows and float(rows[0]["value"][1]) > idle_since_s, timeout=30)
 
-    source = PrometheusSource(prometheus.url, window_s=30)
+    # A window far longer than the requests above take, so none of them sits on its edge.
+    source = PrometheusSource(prometheus.url, window_s=60)
     keys = [DeploymentKey("metrics-test", "chat"), DeploymentKey("metrics-test", "code"),
             DeploymentKey("metrics-test", "absent")]
 
@@ -50,16 +51,18 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
 
     result = wait_until(settled, 60, "request rate and TPOT for the chat deployment")
     chat_obs, code_obs = result.observations[keys[0]], result.observations[keys[1]]
+    seen = f"chat: {chat_obs}; code: {code_obs}"  # every assertion below says what it saw
     assert keys[2] not in result.observations
-    assert chat_obs.pods_scraped == 2 and code_obs.pods_scraped == 1
-    assert chat_obs.mean_output_tokens is not None and 1 <= chat_obs.mean_output_tokens <= 12
-    assert chat_obs.request_rate is not None and chat_obs.request_rate > code_obs.request_rate
-    assert chat_obs.running_requests == 0 and chat_obs.waiting_requests == 0
+    assert chat_obs.pods_scraped == 2 and code_obs.pods_scraped == 1, seen
+    assert chat_obs.mean_output_tokens is not None and 1 <= chat_obs.mean_output_tokens <= 12, seen
+    assert chat_obs.request_rate is not None and code_obs.request_rate is not None, seen
+    assert chat_obs.request_rate > code_obs.request_rate, seen
+    assert chat_obs.running_requests == 0 and chat_obs.waiting_requests == 0, seen
     # The busiest 30 s of the window (a subquery) and the prefill-time percentile (the sims prefill in
     # ~40 ms: inside vLLM's first bucket, 0.3 s).
-    assert chat_obs.peak_request_rate is not None and chat_obs.peak_request_rate > 0
-    assert chat_obs.prefill_quantile_s is not None and 0 < chat_obs.prefill_quantile_s <= 0.3
-    assert check_observation(chat_obs, time.time(), 120) is None
+    assert chat_obs.peak_request_rate is not None and chat_obs.peak_request_rate > 0, seen
+    assert chat_obs.prefill_quantile_s is not None and 0 < chat_obs.prefill_quantile_s <= 0.3, seen
+    assert check_observation(chat_obs, time.time(), 120) is None, seen
     assert check_observation(result.observations.get(keys[2]), time.time(), 120) is not None
 
     # A replica that goes away stops counting once Prometheus marks its series stale.

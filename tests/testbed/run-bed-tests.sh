@@ -37,9 +37,15 @@ if [ "$rc" -eq 5 ]; then
   tb_log "FAILED: pytest collected no bed tests; tests/bed must hold them"
   rc=1
 fi
+failures() {
+  grep -E '^(E  |FAILED |ERROR |_{5,} )|Error:|Exception:' "$PYTEST_OUT" | cut -c1-400 | tail -n 80 >&2
+}
 if [ "$rc" -ne 0 ]; then
-  tail_logs 40
-  printf '\n===== the failures again (full report above) =====\n' >&2
-  grep -E '^(E  |FAILED |ERROR |_{5,} )|Error:|Exception:' "$PYTEST_OUT" | tail -n 80 >&2
+  # The failures both before and after the component log tails: a CI report may show only a slice.
+  printf '\n===== the failures (full report above) =====\n' >&2
+  failures
+  tail_logs 25
+  printf '\n===== the failures again =====\n' >&2
+  failures
 fi
 exit "$rc"

@@ -48,11 +48,28 @@ class PrometheusSource:
         self.window_s = window_s
         self._client = PrometheusConnect(url=url, disable_ssl=True)
 
-    def _query(self, promql: str) -> dict[DeploymentKey, float]:
+    def _rows(self, promql: str, at_s: float | None) -> list[dict[str, Any]]:
+        params = {"timeout": f"{QUERY_TIMEOUT_S}s"}
+        if at_s is not None:
+            params["time"] = f"{at_s:.3f}"
         try:
-            rows = self._client.custom_query(query=promql, params={"timeout": f"{QUERY_TIMEOUT_S}s"})
+            rows: list[dict[str, Any]] = self._client.custom_query(query=promql, params=params)
         except (PrometheusApiClientException, RequestException, ValueError, OSError) as exc:
             raise MetricsUnavailableError(f"Prometheus at {self.url} failed: {exc}") from exc
+        return rows
+
+    def _evaluation_time_s(self) -> float | None:
+        """Prometheus's own clock: every query of one fetch is evaluated at this instant.
+
+        Sequential queries at "now" would each see a slightly different window, so a request rate
+        could count a request whose TTFT the next query no longer sees. The server's clock, not
+        ours, so that clock skew never shifts the windows.
+        """
+        rows = self._rows("vector(time())", None)
+        return _number((rows[0].get("value") or [None, None])[1]) if rows else None
+
+    def _query(self, promql: str, at_s: float | None) -> dict[DeploymentKey, float]:
+        rows = self._rows(promql, at_s)
         values: dict[DeploymentKey, float] = {}
         for row in rows:
             metric = row.get("metric", {})
@@ -65,7 +82,8 @@ class PrometheusSource:
     def fetch(self, keys: Iterable[DeploymentKey], quantile: float) -> FetchResult:
         """Observations for `keys` at one SLO quantile; a deployment with no series gets none."""
         wanted = set(keys)
-        columns = {field: self._query(promql) for field, promql in
+        at_s = self._evaluation_time_s()
+        columns = {field: self._query(promql, at_s) for field, promql in
                    build_queries(self.labels, self.window_s, quantile).items()}
         observations: dict[DeploymentKey, Observation] = {}
         prefill: dict[DeploymentKey, float] = {}

@@ -174,6 +174,20 @@ class CalibrationStatus(StatusModel):
     tpot_error_pct: Annotated[
         float | None, Field(description="Signed TPOT prediction error before the last update, percent.")
     ] = None
+    fitted_windows: Annotated[
+        int | None, Field(ge=0, description="Metric windows the speed factors were fitted from.")
+    ] = None
+    # The smoothed request shape is state, not just a report: the next cycle (or the next operator,
+    # after a restart) continues smoothing from it instead of from one window.
+    input_tokens: Annotated[
+        float | None, Field(gt=0, description="Mean prompt tokens, smoothed over windows.")
+    ] = None
+    output_tokens: Annotated[
+        float | None, Field(gt=0, description="Mean output tokens, smoothed over windows.")
+    ] = None
+    input_tokens_tail: Annotated[
+        float | None, Field(gt=0, description="Prompt tokens at the SLO percentile, smoothed over windows.")
+    ] = None
 
 
 class ScaleDecisionStatus(StatusModel):

@@ -55,12 +55,32 @@ class ScalingResult:
 
 
 def previous_calibration(status: LLMDeploymentStatus | None) -> Calibration:
+    """The calibration the last cycle (or the last operator, before a restart) left in status."""
     if status is None or status.calibration is None:
         return Calibration()
     c = status.calibration
     return Calibration(decode_factor=c.decode_factor, prefill_factor=c.prefill_factor,
                        tpot_tail_factor=c.tpot_tail_factor or 1.0, ttft_tail_factor=c.ttft_tail_factor or 1.0,
-                       tpot_error_pct=c.tpot_error_pct, ttft_error_pct=c.ttft_error_pct, samples=1)
+                       tpot_error_pct=c.tpot_error_pct, ttft_error_pct=c.ttft_error_pct,
+                       samples=1 if c.fitted_windows is None else c.fitted_windows,  # None: written before it existed
+                       input_tokens=c.input_tokens, output_tokens=c.output_tokens,
+                       input_tokens_tail=c.input_tokens_tail)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def calibration_status(calibration: Calibration) -> CalibrationStatus:
+    """The calibration as status; `previous_calibration` reads it back for the next cycle."""
+    return CalibrationStatus(
+        decode_factor=round(calibration.decode_factor, 4), prefill_factor=round(calibration.prefill_factor, 4),
+        tpot_tail_factor=round(calibration.tpot_tail_factor, 4),
+        ttft_tail_factor=round(calibration.ttft_tail_factor, 4),
+        ttft_error_pct=_rounded(calibration.ttft_error_pct, 1),
+        tpot_error_pct=_rounded(calibration.tpot_error_pct, 1),
+        input_tokens=_rounded(calibration.input_tokens, 1), output_tokens=_rounded(calibration.output_tokens, 1),
+        input_tokens_tail=_rounded(calibration.input_tokens_tail, 1), fitted_windows=calibration.samples)
 
 
 def _observed_status(observation: Observation) -> ObservedStatus:
@@ -121,13 +141,8 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
         assert observation is not None
         updates["observed"] = _observed_status(observation)
         updates["slo_met"] = _slo_met(spec, observation)
-    if calibration.samples:
-        updates["calibration"] = CalibrationStatus(
-            decode_factor=round(calibration.decode_factor, 4), prefill_factor=round(calibration.prefill_factor, 4),
-            tpot_tail_factor=round(calibration.tpot_tail_factor, 4),
-            ttft_tail_factor=round(calibration.ttft_tail_factor, 4),
-            ttft_error_pct=None if calibration.ttft_error_pct is None else round(calibration.ttft_error_pct, 1),
-            tpot_error_pct=None if calibration.tpot_error_pct is None else round(calibration.tpot_error_pct, 1))
+    if calibration.samples or calibration.input_tokens is not None:
+        updates["calibration"] = calibration_status(calibration)
     auto = spec.scaling.mode == ScalingMode.AUTO
     target = decision.desired_replicas if auto else current_replicas
     last = previous.last_scale_decision if previous else None

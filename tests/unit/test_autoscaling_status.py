@@ -1,0 +1,83 @@
+"""Calibration carried through status: the operator keeps it there between cycles (and restarts)."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvscale.api.spec import load_resource
+from kvscale.api.status import LLMDeploymentStatus
+from kvscale.autoscaler import Calibration, CalibrationSample, calibrate
+from kvscale.controllers.autoscaling import calibration_status, previous_calibration
+from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_observed_load
+from kvscale.planner import build_plan_inputs, plan_deployment
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-70b-h100.yaml"
+
+
+def _setup() -> ServingSetup:
+    inputs = build_plan_inputs(load_resource(EXAMPLE).spec)
+    chosen = plan_deployment(inputs).chosen
+    assert chosen is not None
+    return ServingSetup(inputs.arch, inputs.gpus[0], chosen.tensor_parallel, inputs.arch.native_precision)
+
+
+def _windows(setup: ServingSetup) -> list[CalibrationSample]:
+    """Windows of a server 1.3x slower than modelled whose prompts vary from window to window;
+    one in three bursty (it teaches only the shape)."""
+    model = build_replica_model(setup)
+    samples = []
+    for i in range(9):
+        shape = RequestShape(800.0 + 300.0 * (i % 3), 200.0 + 20.0 * i, 3000.0 + 500.0 * (i % 2))
+        seen = estimate_at_observed_load(model, shape, 8.0, 0.5)
+        samples.append(CalibrationSample(shape=shape, quantile=0.95, running_per_replica=8.0, rate_per_replica=0.5,
+                                         slots=64.0, tpot_mean_s=1.3 * seen.tpot_mean_s,
+                                         prefill_mean_s=1.3 * seen.prefill_s, bursty=i % 3 == 0))
+    return samples
+
+
+def _through_status(calibration: Calibration) -> Calibration:
+    status = LLMDeploymentStatus(calibration=calibration_status(calibration))
+    # as the API server hands it back: serialized and parsed again
+    return previous_calibration(LLMDeploymentStatus.model_validate(status.model_dump(by_alias=True)))
+
+
+def test_calibration_through_status_matches_the_one_kept_in_memory() -> None:
+    setup = _setup()
+    in_memory = Calibration()  # the simulator's way
+    via_status = Calibration()  # the operator's way: written to status, read back next cycle
+    for sample in _windows(setup):
+        in_memory = calibrate(in_memory, setup, sample)
+        via_status = _through_status(calibrate(via_status, setup, sample))
+    assert via_status.samples == in_memory.samples == 6  # the bursty windows fit no speed
+    assert via_status.decode_factor == pytest.approx(in_memory.decode_factor, rel=1e-3)
+    assert via_status.prefill_factor == pytest.approx(in_memory.prefill_factor, rel=1e-3)
+    fallback = RequestShape(1.0, 1.0)
+    kept, carried = in_memory.shape(fallback), via_status.shape(fallback)
+    assert carried.input_tokens == pytest.approx(kept.input_tokens, abs=0.5)
+    assert carried.output_tokens == pytest.approx(kept.output_tokens, abs=0.5)
+    assert carried.input_tokens_tail == pytest.approx(kept.input_tokens_tail, abs=0.5)
+    # and the shape really is smoothed across cycles, not the last window's
+    last = _windows(setup)[-1].shape
+    assert abs(carried.input_tokens - last.input_tokens) > 50
+
+
+def test_a_shape_learned_only_from_bursts_leaves_the_first_speed_fit_trusted() -> None:
+    setup = _setup()
+    bursty, steady = _windows(setup)[0], _windows(setup)[1]
+    assert bursty.bursty and not steady.bursty
+    after_burst = _through_status(calibrate(Calibration(), setup, bursty))
+    assert after_burst.samples == 0 and after_burst.input_tokens == pytest.approx(bursty.shape.input_tokens)
+    # the first steady window sets the speed outright, as it would without the round trip
+    fresh = calibrate(replace(Calibration(), input_tokens=after_burst.input_tokens,
+                              output_tokens=after_burst.output_tokens,
+                              input_tokens_tail=after_burst.input_tokens_tail), setup, steady)
+    assert calibrate(after_burst, setup, steady).decode_factor == pytest.approx(fresh.decode_factor, rel=1e-3)
+    assert fresh.decode_factor == pytest.approx(1 / 1.3, rel=0.15)
+
+
+def test_a_status_written_before_the_shape_was_kept_still_reads() -> None:
+    old = LLMDeploymentStatus.model_validate({"calibration": {"decodeFactor": 0.8, "prefillFactor": 0.9}})
+    calibration = previous_calibration(old)
+    assert calibration.decode_factor == 0.8 and calibration.samples == 1
+    assert calibration.shape(RequestShape(512.0, 128.0)) == RequestShape(512.0, 128.0)

@@ -208,11 +208,22 @@ def test_arrivals_count_the_growth_in_flight_and_a_rising_trend_is_sized_ahead()
     for step, t in enumerate(range(-240, 1, 15)):
         rising = decide(_load((1 + step) * 0.5 * goodput, at=NOW + t), context, rising, NOW + t).history
     now_rate = rising.demands[-1][1]
-    assert now_rate < rising.forecast(NOW + 15, now_rate) <= 1.5 * now_rate + 1e-9
+    assert now_rate < rising.forecast(NOW + 15, now_rate, 60.0) <= 1.5 * now_rate + 1e-9
     steady = ScalingHistory()
     for t in range(-240, 1, 15):
         steady = decide(_load(2 * goodput, at=NOW + t), context, steady, NOW + t).history
-    assert steady.forecast(NOW + 15, steady.demands[-1][1]) == pytest.approx(steady.demands[-1][1])
+    assert steady.forecast(NOW + 15, steady.demands[-1][1], 60.0) == pytest.approx(steady.demands[-1][1])
+
+
+def test_a_rise_within_poisson_noise_is_not_a_trend() -> None:
+    # 5.0 -> 5.3 req/s over 60 s windows: the difference of two Poisson counts of ~300 has a standard
+    # deviation of ~0.41 req/s, so this is noise; 5.0 -> 6.5 is a rise, extrapolated beyond the noise.
+    history = ScalingHistory().with_demand(NOW - 120, 5.0, 0.0)
+    assert history.forecast(NOW, 5.3, 60.0) == pytest.approx(5.3)
+    noise = math.sqrt((6.5 + 5.0) / 60.0)
+    assert history.forecast(NOW, 6.5, 60.0) == pytest.approx(6.5 + (1.5 - noise))
+    # the same rise over a 10x longer window carries a third of the noise: more of it is trend
+    assert history.forecast(NOW, 6.5, 600.0) > history.forecast(NOW, 6.5, 60.0)
 
 
 def test_observed_load_estimate_separates_decode_from_prompt_stalls() -> None:

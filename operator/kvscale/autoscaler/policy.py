@@ -3,7 +3,8 @@
     decide(observation, context, history, now_s) -> ScaleDecision
 
 Demand (requests/s × tokens) is set against each replica's calibrated goodput at the SLOs, with
-headroom. Demand is the larger of the trend one replica start-up ahead and the latest burst: the
+headroom. Demand is the larger of the trend one replica start-up ahead (only its rise beyond Poisson noise)
+and the latest burst: the
 arrivals plus the busiest 30 s above the mean beyond Poisson noise. Bursts of seconds end before a
 new replica is Ready, so a burst's demand stands for the scale-down window (only where the peak was
 a burst: a steady demand is not held twice). Breaches of the observed percentile TTFT/TPOT beyond a
@@ -40,6 +41,10 @@ IN_FLIGHT_WINDOW_S = 60.0
 # A burst's peak beyond this many standard deviations of Poisson noise around the mean is clustering
 # the goodput model (Poisson arrivals) does not allow for.
 POISSON_PEAK_SIGMAS = 2.0
+# A rise between two window rates counts as a trend only beyond this many standard deviations of
+# their Poisson noise. One, not the bursts' two: a real rise missed costs violations for a start-up
+# (2 sigma: conv 98.93% attainment against 99.08% at 1 sigma, for 0.4 fewer GPU-hours).
+TREND_NOISE_SIGMAS = 1.0
 # Demand is kept this long for the trend and for burst peaks (a longer scale-down window keeps them longer).
 DEMAND_MEMORY_S = 2 * REPLICA_STARTUP_S
 # HPA's tolerance: an observed percentile within 10% of its SLO over one window is mostly a burst's
@@ -92,13 +97,16 @@ class ScalingHistory:
         then_s, _, then_in_flight, _ = recent[0]
         return finished_rate + max(0.0, (in_flight - then_in_flight) / (now_s - then_s))
 
-    def forecast(self, now_s: float, arrivals: float) -> float:
-        """Arrivals one replica start-up from now on the trend since one start-up ago; never below now."""
+    def forecast(self, now_s: float, arrivals: float, window_s: float) -> float:
+        """Arrivals one replica start-up from now on the trend since one start-up ago; never below now.
+        Only the rise beyond the Poisson noise of the two window rates is a trend: extrapolating the
+        noise would add a replica for every window that happens to count a few more arrivals."""
         past = [(t, a) for t, a, _, _ in self.demands if REPLICA_STARTUP_S / 2 <= now_s - t <= 2 * REPLICA_STARTUP_S]
         if not past:
             return arrivals
         then_s, then = min(past, key=lambda p: abs(now_s - p[0] - REPLICA_STARTUP_S))
-        slope = (arrivals - then) / (now_s - then_s)
+        noise = TREND_NOISE_SIGMAS * math.sqrt((max(arrivals, 0.0) + max(then, 0.0)) / max(window_s, 1.0))
+        slope = max(0.0, arrivals - then - noise) / (now_s - then_s)
         return min(max(arrivals, arrivals + slope * REPLICA_STARTUP_S), arrivals * MAX_FORECAST_GROWTH)
 
     def recent_burst(self, now_s: float, lookback_s: float) -> float:
@@ -231,7 +239,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     waiting = observation.waiting_requests or 0.0
     # Arrivals, plus what is piling up in the queue, which should drain within QUEUE_DRAIN_S.
     arrival = arrivals + waiting / QUEUE_DRAIN_S
-    trended = history.forecast(observation.sampled_at_s, arrival)
+    trended = history.forecast(observation.sampled_at_s, arrival, observation.window_s)
     window_s = spec.scaling.scale_down_stabilization_seconds
     burst = max(arrival + burst_excess, history.recent_burst(observation.sampled_at_s, window_s))
     expected = max(trended, burst)

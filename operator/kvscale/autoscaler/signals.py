@@ -41,6 +41,7 @@ class Observation:
     # finished requests/s in the busiest scrape interval of the window: bursts shorter than the window
     # that the window's mean rate flattens
     peak_request_rate: float | None = None
+    window_s: float = 60.0  # the rate window: how much Poisson noise a rate carries
 
 
 class ObservationProblem(str):

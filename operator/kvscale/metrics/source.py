@@ -98,7 +98,7 @@ class PrometheusSource:
                 return None if value is None or (math.isnan(value) and field.endswith("_s")) else value
 
             observations[key] = Observation(
-                sampled_at_s=sampled,
+                sampled_at_s=sampled, window_s=float(self.window_s),
                 pods_scraped=int(get("pods_scraped") or 0),
                 request_rate=get("request_rate"),
                 mean_input_tokens=_finite(get("mean_input_tokens")),

@@ -134,6 +134,7 @@ class FleetScraper:
             preemption_rate=preemptions / covered_s if pods else None,
             prefill_quantile_s=histogram_quantile(q / 100.0, prefill, REQUEST_LATENCY_BUCKETS_S),
             peak_request_rate=self._peak_rate() if pods else None,
+            window_s=covered_s,
         )
         return WindowStats(
             observation=observation,

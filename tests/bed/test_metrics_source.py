@@ -53,6 +53,7 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     chat_obs, code_obs = result.observations[keys[0]], result.observations[keys[1]]
     seen = f"chat: {chat_obs}; code: {code_obs}"  # every assertion below says what it saw
     assert keys[2] not in result.observations
+    assert chat_obs.window_s == 60.0  # the policy weighs rate noise by it
     assert chat_obs.pods_scraped == 2 and code_obs.pods_scraped == 1, seen
     assert chat_obs.mean_output_tokens is not None and 1 <= chat_obs.mean_output_tokens <= 12, seen
     assert chat_obs.request_rate is not None and code_obs.request_rate is not None, seen

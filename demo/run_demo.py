@@ -181,8 +181,14 @@ class Demo:
         recent = load.recent(TABLE_EVERY_S)
         decision = status.get("lastScaleDecision")
         if decision and (not self.decisions or self.decisions[-1]["time"] != decision.get("time")):
-            self.decisions.append({**decision, "demo_t": recent["t_s"]})
-            print(f"      -> {decision.get('reason', '')[:150]}", flush=True)
+            calibration = status.get("calibration") or {}
+            self.decisions.append({**decision, "demo_t": recent["t_s"], "calibration": calibration})
+            print(f"      -> {decision.get('reason', '')[:240]}", flush=True)
+            if calibration:  # what the goodput in the reason was computed with
+                print(f"         calibration: decode x{calibration.get('decodeFactor')}, prefill "
+                      f"x{calibration.get('prefillFactor')}, tails TTFT x{calibration.get('ttftTailFactor')} "
+                      f"TPOT x{calibration.get('tpotTailFactor')}, {calibration.get('fittedWindows')} windows",
+                      flush=True)
         return Row(
             t=recent["t_s"], offered_rps=schedule_rps, completed_rps=recent["completed_per_s"],
             failed_rps=recent["failed_per_s"], in_flight=recent["in_flight"],

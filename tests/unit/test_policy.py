@@ -368,3 +368,13 @@ def test_a_percentile_within_the_tolerance_of_the_slo_is_not_a_breach() -> None:
     assert near.binding != "ttft" and near.desired_replicas <= 3
     over = decide(_load(0.5, ttft_s=1.2), context, ScalingHistory(), NOW)
     assert over.binding == "ttft" and over.desired_replicas >= 4
+
+
+def test_the_reason_names_the_request_shape_its_goodput_holds_for() -> None:
+    context = _context()
+    decision = decide(_load(1.0), context, ScalingHistory(), NOW)
+    # 1024-token prompts (the p95 one as the planner assumes: exponential lengths), 256-token outputs
+    assert "(prompts 1024, p95 " in decision.reason and "outputs 256 tokens) -> " in decision.reason
+    longer = decide(replace(_load(1.0), mean_input_tokens=4096), context, ScalingHistory(), NOW)
+    assert "(prompts 4096, " in longer.reason
+    assert (longer.goodput_requests_per_s or 0) < (decision.goodput_requests_per_s or 0)

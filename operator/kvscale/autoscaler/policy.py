@@ -200,6 +200,12 @@ def _with_assumed_tail(shape: RequestShape, spec: LLMDeploymentSpec) -> RequestS
     return replace(shape, input_tokens_tail=planned.tail_input_tokens * shape.input_tokens / planned.input_tokens)
 
 
+def _shape_text(shape: RequestShape, spec: LLMDeploymentSpec) -> str:
+    """The request shape the goodput holds for: goodput is per request, so it means little without it."""
+    tail = "" if shape.input_tokens_tail is None else f", p{spec.slo.percentile:g} {shape.input_tokens_tail:.0f}"
+    return f" (prompts {shape.input_tokens:.0f}{tail}, outputs {shape.output_tokens:.0f} tokens)"
+
+
 def _in_flight(observation: Observation) -> float:
     return (observation.running_requests or 0.0) + (observation.waiting_requests or 0.0)
 
@@ -225,7 +231,7 @@ def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem
 
 
 def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
-               arrivals: float, burst_excess: float) -> tuple[int, str, list[str]]:
+               arrivals: float, burst_excess: float, shape: RequestShape) -> tuple[int, str, list[str]]:
     """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
 
     Corrections for breaches and queues scale from Ready replicas only: replicas still loading a model
@@ -251,7 +257,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     elif trended > arrival + 1e-9:
         trend = f" (rising: {trended:.2f} req/s in {REPLICA_STARTUP_S:.0f} s)"
     reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over calibrated "
-               f"goodput {goodput:.2f} req/s per replica -> {wanted}"]
+               f"goodput {goodput:.2f} req/s per replica{_shape_text(shape, spec)} -> {wanted}"]
     breaches = []
     p = f"p{spec.slo.percentile:g}"
     if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms * (1 + BREACH_TOLERANCE):
@@ -289,7 +295,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     goodput = replica_goodput(context, shape)
     arrivals = _arrivals(observation, history)
     excess = _burst_excess(observation, arrivals)
-    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess)
+    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess, shape)
     demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     # Remembered for two windows: bursts are held where two or more fall within them.
     history = history.with_demand(observation.sampled_at_s, demand, _in_flight(observation),

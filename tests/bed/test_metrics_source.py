@@ -59,6 +59,8 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     assert chat_obs.request_rate is not None and code_obs.request_rate is not None, seen
     assert chat_obs.request_rate > code_obs.request_rate, seen
     assert chat_obs.running_requests == 0 and chat_obs.waiting_requests == 0, seen
+    # the window's mean batch (avg_over_time): one request at a time on each of the two replicas, at most
+    assert chat_obs.mean_running_requests is not None and 0 <= chat_obs.mean_running_requests <= 2, seen
     # The busiest 30 s of the window (a subquery) and the prefill-time percentile (the sims prefill in
     # ~40 ms: inside vLLM's first bucket, 0.3 s).
     assert chat_obs.peak_request_rate is not None and chat_obs.peak_request_rate > 0, seen

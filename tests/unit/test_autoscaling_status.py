@@ -1,14 +1,15 @@
 """Calibration carried through status: the operator keeps it there between cycles (and restarts)."""
 
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from kvscale.api.spec import load_resource
 from kvscale.api.status import LLMDeploymentStatus
-from kvscale.autoscaler import Calibration, CalibrationSample, calibrate
-from kvscale.controllers.autoscaling import calibration_status, previous_calibration
+from kvscale.autoscaler import Calibration, CalibrationSample, Observation, ScalingHistory, calibrate
+from kvscale.controllers.autoscaling import ScalingInput, autoscale, calibration_status, previous_calibration
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_observed_load
 from kvscale.planner import build_plan_inputs, plan_deployment
 
@@ -81,3 +82,34 @@ def test_a_status_written_before_the_shape_was_kept_still_reads() -> None:
     calibration = previous_calibration(old)
     assert calibration.decode_factor == 0.8 and calibration.samples == 1
     assert calibration.shape(RequestShape(512.0, 128.0)) == RequestShape(512.0, 128.0)
+
+
+def test_the_operator_fits_speed_at_the_windows_mean_batch_not_one_instants() -> None:
+    spec = load_resource(EXAMPLE).spec
+    inputs = build_plan_inputs(spec)
+    chosen = plan_deployment(inputs).chosen
+    assert chosen is not None
+    setup = _setup()
+    now_s = 1_000_000.0
+    model = build_replica_model(setup)
+    shape = RequestShape(spec.workload.input_tokens, spec.workload.output_tokens)
+    seen = estimate_at_observed_load(model, shape, 8.0, 0.5)  # 2 pods, 8 running on each on average
+
+    def calibration_after(running_now: float, mean_running: float | None) -> Calibration:
+        observation = Observation(
+            sampled_at_s=now_s, pods_scraped=2, request_rate=1.0, mean_input_tokens=shape.input_tokens,
+            mean_output_tokens=shape.output_tokens, running_requests=running_now, waiting_requests=0.0,
+            kv_cache_usage=0.3, ttft_s=None, tpot_s=None, tpot_mean_s=1.3 * seen.tpot_mean_s,
+            mean_running_requests=mean_running)
+        result = autoscale(spec, setup, chosen, LLMDeploymentStatus(), None, 2, 2, None,
+                           ScalingInput(observation, None, 1.3 * seen.prefill_s, ScalingHistory(), now_s),
+                           datetime.fromtimestamp(now_s, UTC))
+        return previous_calibration(result.status)
+
+    # The window's batch was 8 per pod; the gauge happened to read 2 at the scrape, or 30.
+    steady = calibration_after(16.0, 16.0)
+    assert steady.decode_factor == pytest.approx(1 / 1.3, rel=0.15)
+    for instant in (4.0, 60.0):
+        assert calibration_after(instant, 16.0).decode_factor == pytest.approx(steady.decode_factor, rel=1e-3)
+    # without the mean (an older exporter) the instant is all there is, and it misleads
+    assert calibration_after(60.0, None).decode_factor != pytest.approx(steady.decode_factor, rel=0.05)

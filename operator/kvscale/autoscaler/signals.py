@@ -42,6 +42,9 @@ class Observation:
     # that the window's mean rate flattens
     peak_request_rate: float | None = None
     window_s: float = 60.0  # the rate window: how much Poisson noise a rate carries
+    # running sequences averaged over the window, summed over pods: the batch the window's TPOT was
+    # decoded at (calibration), where `running_requests` is one instant's
+    mean_running_requests: float | None = None
 
 
 class ObservationProblem(str):
@@ -67,6 +70,7 @@ def check_observation(observation: Observation | None, now_s: float, max_age_s: 
         ("request rate", observation.request_rate, MAX_PLAUSIBLE_REQUEST_RATE),
         ("peak request rate", observation.peak_request_rate, MAX_PLAUSIBLE_REQUEST_RATE),
         ("running requests", observation.running_requests, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("mean running requests", observation.mean_running_requests, MAX_PLAUSIBLE_REQUEST_RATE),
         ("waiting requests", observation.waiting_requests, MAX_PLAUSIBLE_REQUEST_RATE),
         ("mean input tokens", observation.mean_input_tokens, MAX_PLAUSIBLE_TOKENS),
         ("prefill time at the SLO percentile", observation.prefill_quantile_s, MAX_PLAUSIBLE_LATENCY_S),

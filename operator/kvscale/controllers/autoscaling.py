@@ -122,8 +122,11 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
                              calibration=calibration)
     if problem is None and observation is not None:
         pods = max(observation.pods_scraped, 1)
-        sample = build_calibration_sample(context, observation,
-                                          running_per_replica=(observation.running_requests or 0.0) / pods,
+        # The window's mean batch, as the simulator measures it; one instant's gauge only where absent.
+        running = observation.mean_running_requests
+        if running is None:
+            running = observation.running_requests or 0.0
+        sample = build_calibration_sample(context, observation, running_per_replica=running / pods,
                                           tpot_mean_s=observation.tpot_mean_s, prefill_mean_s=scaling.prefill_s)
         context = replace(context, calibration=calibrate(calibration, setup, sample))
         calibration = context.calibration

@@ -81,6 +81,9 @@ def build_queries(labels: MetricsLabels, window_s: int, quantile: float) -> dict
                                         f"{_sum_rate('sglang:num_requests_total', labels, w)}"),
         "running_requests": _first_of(f"sum by ({labels.group}) (vllm:num_requests_running)",
                                       _per_pod_gauge("sglang:num_running_reqs", labels)),
+        "mean_running_requests": _first_of(
+            f"sum by ({labels.group}) (avg_over_time(vllm:num_requests_running[{w}]))",
+            _per_pod_gauge(f"avg_over_time(sglang:num_running_reqs[{w}])", labels)),
         "waiting_requests": _first_of(f"sum by ({labels.group}) (vllm:num_requests_waiting)",
                                       _per_pod_gauge("sglang:num_queue_reqs", labels)),
         "kv_cache_usage": _first_of(f"avg by ({labels.group}) (vllm:kv_cache_usage_perc)",

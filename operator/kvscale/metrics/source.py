@@ -104,6 +104,7 @@ class PrometheusSource:
                 mean_input_tokens=_finite(get("mean_input_tokens")),
                 mean_output_tokens=_finite(get("mean_output_tokens")),
                 running_requests=get("running_requests"),
+                mean_running_requests=get("mean_running_requests"),
                 waiting_requests=get("waiting_requests"),
                 kv_cache_usage=get("kv_cache_usage"),
                 ttft_s=get("ttft_s"),

@@ -117,6 +117,7 @@ class FleetScraper:
         tpot = decode_s / intervals
 
         pods_scraped = len(pods)
+        running_per_replica = (sum(b.running_seq_s for b in self._buckets) / pod_s) if pod_s else 0.0
         running = float(sum(len(p.running) for p in pods))
         waiting = float(sum(len(p.waiting) for p in pods))
         usage = float(np.mean([p.kv_usage for p in pods])) if pods else None
@@ -127,6 +128,7 @@ class FleetScraper:
             mean_input_tokens=float(np.mean(log.input_tokens[finished])) if finished.size else None,
             mean_output_tokens=float(np.mean(outputs)) if finished.size else None,
             running_requests=running if pods else None,
+            mean_running_requests=running_per_replica * pods_scraped if pods else None,
             waiting_requests=waiting if pods else None,
             kv_cache_usage=usage,
             ttft_s=float(np.percentile(ttft, q)) if ttft.size else None,
@@ -140,5 +142,5 @@ class FleetScraper:
             observation=observation,
             mean_tpot_s=float(decode_s.sum() / intervals.sum()) if intervals.size else None,
             mean_prefill_s=float(np.mean(prefill)) if prefill.size else None,
-            running_per_replica=(sum(b.running_seq_s for b in self._buckets) / pod_s) if pod_s else 0.0,
+            running_per_replica=running_per_replica,
         )

@@ -3,15 +3,14 @@
     decide(observation, context, history, now_s) -> ScaleDecision
 
 Demand (requests/s × tokens) is set against each replica's calibrated goodput at the SLOs, with
-headroom. Demand is the larger of the trend one replica start-up ahead (only its rise beyond Poisson noise)
-and the latest burst: the
-arrivals plus the busiest 30 s above the mean beyond Poisson noise. Bursts of seconds end before a
-new replica is Ready, so a burst's demand stands for the scale-down window (only where the peak was
-a burst: a steady demand is not held twice). Breaches of the observed percentile TTFT/TPOT beyond a
-10% tolerance or a growing queue add replicas. Scale-up is fast (its stabilization window defaults to zero) and
-bounded per step; scale-down waits for its window and then steps down gently. Missing, stale or
-implausible metrics never scale down. The operator (in Auto or Recommend mode) and the simulator
-call this same function.
+headroom. Demand is the larger of the trend one replica start-up ahead (its rise beyond Poisson
+noise only) and the latest burst: the arrivals plus the busiest 30 s above the mean beyond Poisson
+noise. Bursts of seconds end before a new replica is Ready, so a burst's demand stands for the
+scale-down window (only where the peak was a burst: a steady demand is not held twice). Breaches of
+the observed percentile TTFT/TPOT beyond a 10% tolerance or a growing queue add replicas. Scale-up
+is fast (its stabilization window defaults to zero) and bounded per step; scale-down waits for its
+window and then steps down gently. Missing, stale or implausible metrics never scale down. The
+operator (in Auto or Recommend mode) and the simulator call this same function.
 """
 
 from __future__ import annotations
@@ -165,11 +164,16 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
     return goodput
 
 
-def build_calibration_sample(context: ReplicaContext, observation: Observation, *, running_per_replica: float,
-                             tpot_mean_s: float | None, prefill_mean_s: float | None) -> CalibrationSample:
+def build_calibration_sample(context: ReplicaContext, observation: Observation, *, tpot_mean_s: float | None,
+                             prefill_mean_s: float | None) -> CalibrationSample:
     """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
     nothing queues and no replica is starting. The operator and the simulator both build it here."""
     pods = max(observation.pods_scraped, 1)
+    # The batch the window's tokens were decoded at: its mean over the window; one instant's gauge
+    # only where the mean is missing.
+    running = observation.mean_running_requests
+    if running is None:
+        running = observation.running_requests or 0.0
     shape = _shape(observation, context.spec)
     prefill_tail_s = observation.prefill_quantile_s
     if prefill_tail_s and prefill_mean_s and prefill_tail_s > prefill_mean_s:
@@ -178,7 +182,7 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
     rate = observation.request_rate
     bursty = rate is not None and _burst_excess(observation, rate) > 0.0
     return CalibrationSample(
-        shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running_per_replica,
+        shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running / pods,
         rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
         tpot_mean_s=tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
         prefill_mean_s=prefill_mean_s, bursty=bursty,

@@ -121,13 +121,8 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
                              ready_replicas=ready_replicas, free_replica_slots=free_replica_slots,
                              calibration=calibration)
     if problem is None and observation is not None:
-        pods = max(observation.pods_scraped, 1)
-        # The window's mean batch, as the simulator measures it; one instant's gauge only where absent.
-        running = observation.mean_running_requests
-        if running is None:
-            running = observation.running_requests or 0.0
-        sample = build_calibration_sample(context, observation, running_per_replica=running / pods,
-                                          tpot_mean_s=observation.tpot_mean_s, prefill_mean_s=scaling.prefill_s)
+        sample = build_calibration_sample(context, observation, tpot_mean_s=observation.tpot_mean_s,
+                                          prefill_mean_s=scaling.prefill_s)
         context = replace(context, calibration=calibrate(calibration, setup, sample))
         calibration = context.calibration
     decision = decide(None if scaling.metrics_problem else observation, context, scaling.history, scaling.now_s)

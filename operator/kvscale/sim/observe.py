@@ -58,7 +58,6 @@ class WindowStats:
     observation: Observation
     mean_tpot_s: float | None  # output-token-weighted mean inter-token time (sum/count of the histogram)
     mean_prefill_s: float | None  # mean scheduled-to-first-token time
-    running_per_replica: float  # mean running batch per pod over the window (avg_over_time of the gauge)
 
 
 class FleetScraper:
@@ -117,7 +116,7 @@ class FleetScraper:
         tpot = decode_s / intervals
 
         pods_scraped = len(pods)
-        running_per_replica = (sum(b.running_seq_s for b in self._buckets) / pod_s) if pod_s else 0.0
+        mean_running = sum(b.running_seq_s for b in self._buckets) / pod_s * len(pods) if pod_s else 0.0
         running = float(sum(len(p.running) for p in pods))
         waiting = float(sum(len(p.waiting) for p in pods))
         usage = float(np.mean([p.kv_usage for p in pods])) if pods else None
@@ -128,7 +127,7 @@ class FleetScraper:
             mean_input_tokens=float(np.mean(log.input_tokens[finished])) if finished.size else None,
             mean_output_tokens=float(np.mean(outputs)) if finished.size else None,
             running_requests=running if pods else None,
-            mean_running_requests=running_per_replica * pods_scraped if pods else None,
+            mean_running_requests=mean_running if pods else None,
             waiting_requests=waiting if pods else None,
             kv_cache_usage=usage,
             ttft_s=float(np.percentile(ttft, q)) if ttft.size else None,
@@ -142,5 +141,4 @@ class FleetScraper:
             observation=observation,
             mean_tpot_s=float(decode_s.sum() / intervals.sum()) if intervals.size else None,
             mean_prefill_s=float(np.mean(prefill)) if prefill.size else None,
-            running_per_replica=running_per_replica,
         )

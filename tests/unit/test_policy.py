@@ -303,12 +303,12 @@ def test_long_prompts_set_a_ttft_floor_that_is_neither_capacity_nor_a_tail_facto
 def test_the_prefill_percentile_becomes_the_tail_prompt_length() -> None:
     context = _context()
     observation = replace(_load(1.0), prefill_quantile_s=0.9)
-    sample = build_calibration_sample(context, replace(observation, mean_running_requests=8.0), tpot_mean_s=0.02,
+    sample = build_calibration_sample(context, replace(observation, mean_running_requests=8.0, tpot_mean_s=0.02),
                                       prefill_mean_s=0.3)
     assert sample.shape.input_tokens_tail == pytest.approx(3 * 1024)
     calibration = calibrate(Calibration(), context.setup, sample)
     assert calibration.shape(RequestShape(1024, 256)).input_tokens_tail == pytest.approx(3 * 1024)
-    untailed = build_calibration_sample(context, _load(1.0), tpot_mean_s=0.02,
+    untailed = build_calibration_sample(context, replace(_load(1.0), tpot_mean_s=0.02),
                                         prefill_mean_s=0.3)
     assert untailed.shape.input_tokens_tail is None
 
@@ -334,12 +334,12 @@ def test_varied_prompt_lengths_lengthen_the_prefill_queue() -> None:
 
 def test_bursty_windows_teach_the_shape_but_not_the_speed_or_tails() -> None:
     context = _context()
-    steady = build_calibration_sample(context, replace(_load(1.0), peak_request_rate=1.0),
-                                      tpot_mean_s=0.2, prefill_mean_s=3.0)
+    steady = build_calibration_sample(context, replace(_load(1.0), peak_request_rate=1.0, tpot_mean_s=0.2),
+                                      prefill_mean_s=3.0)
     # The same window whose busiest 30 s ran at 4x the mean: prompts shared steps far more than the mean
     # rate says, so its slow steps measure the burst, not the servers.
-    burst = build_calibration_sample(context, replace(_load(1.0), peak_request_rate=4.0),
-                                     tpot_mean_s=0.2, prefill_mean_s=3.0)
+    burst = build_calibration_sample(context, replace(_load(1.0), peak_request_rate=4.0, tpot_mean_s=0.2),
+                                     prefill_mean_s=3.0)
     assert not steady.bursty and burst.bursty
     learned = calibrate(Calibration(), context.setup, steady)
     assert learned.decode_factor < 1.0 and learned.prefill_factor < 1.0

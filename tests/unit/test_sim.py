@@ -159,7 +159,7 @@ def test_hpa_scales_up_at_most_max_4_or_100_percent_and_down_after_300_s() -> No
         obs = Observation(sampled_at_s=now, pods_scraped=2, request_rate=1.0, mean_input_tokens=100,
                           mean_output_tokens=100, running_requests=4, waiting_requests=0, kv_cache_usage=usage,
                           ttft_s=0.1, tpot_s=0.01)
-        return WindowStats(observation=obs, mean_tpot_s=0.01, mean_prefill_s=0.05)
+        return WindowStats(observation=obs, mean_prefill_s=0.05)
 
     hpa = HpaPolicy("hpa-kv", lambda o: o.kv_cache_usage, 0.7, 2, 1, 100)
     assert hpa.desired_replicas(stats(0.74, 0), _fleet(0, 2)) == 2  # within the 10% tolerance

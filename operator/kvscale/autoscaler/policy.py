@@ -164,7 +164,7 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
     return goodput
 
 
-def build_calibration_sample(context: ReplicaContext, observation: Observation, *, tpot_mean_s: float | None,
+def build_calibration_sample(context: ReplicaContext, observation: Observation, *,
                              prefill_mean_s: float | None) -> CalibrationSample:
     """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
     nothing queues and no replica is starting. The operator and the simulator both build it here."""
@@ -184,7 +184,7 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
     return CalibrationSample(
         shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running / pods,
         rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
-        tpot_mean_s=tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
+        tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
         prefill_mean_s=prefill_mean_s, bursty=bursty,
         steady=(observation.waiting_requests or 0.0) / pods < 1.0
         and context.ready_replicas >= context.current_replicas)

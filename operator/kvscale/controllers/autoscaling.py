@@ -121,8 +121,7 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
                              ready_replicas=ready_replicas, free_replica_slots=free_replica_slots,
                              calibration=calibration)
     if problem is None and observation is not None:
-        sample = build_calibration_sample(context, observation, tpot_mean_s=observation.tpot_mean_s,
-                                          prefill_mean_s=scaling.prefill_s)
+        sample = build_calibration_sample(context, observation, prefill_mean_s=scaling.prefill_s)
         context = replace(context, calibration=calibrate(calibration, setup, sample))
         calibration = context.calibration
     decision = decide(None if scaling.metrics_problem else observation, context, scaling.history, scaling.now_s)

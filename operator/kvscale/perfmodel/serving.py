@@ -279,8 +279,8 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     stable = rate < full.request_rate
     slot_wait = mmc_wait_quantile_s(cap, rate, service_full_s, quantile)
     prefill_rho = rate / _prefill_capacity_rate(model, shape, running)
-    # Poisson arrivals, deterministic prefill of a mean-length prompt: variable lengths are learned
-    # online as a tail factor (kvscale.autoscaler.calibration).
+    # Poisson arrivals; prefill service varies with prompt length (its squared CV matched to the
+    # percentile prompt); the rest of the spread is learned online as a tail factor (calibration).
     prefill_wait = gg1_wait_quantile_s(prefill_rho, own_prefill, quantile,
                                        service_scv=shape.prompt_length_scv(quantile))
     alignment = mean / 2.0  # an arrival lands mid-step

@@ -17,13 +17,13 @@ _BINDING_WORDS = {
 }
 
 
-
 def _load_words(spec: LLMDeploymentSpec) -> str:
     """The load the replicas are sized for: the mean, or the stated peak beside it."""
     workload = spec.workload
     if workload.peak_requests_per_second is None or workload.peak_requests_per_second <= workload.requests_per_second:
         return f"{workload.requests_per_second:g} req/s"
     return f"a peak of {workload.peak_requests_per_second:g} req/s (mean {workload.requests_per_second:g})"
+
 
 def _money(value: float) -> str:
     return f"${value:,.2f}/h"

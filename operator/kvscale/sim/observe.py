@@ -56,7 +56,6 @@ class WindowStats:
     """Per-request figures of one window, beside the Observation built from them."""
 
     observation: Observation
-    mean_tpot_s: float | None  # output-token-weighted mean inter-token time (sum/count of the histogram)
     mean_prefill_s: float | None  # mean scheduled-to-first-token time
 
 
@@ -136,9 +135,10 @@ class FleetScraper:
             prefill_quantile_s=histogram_quantile(q / 100.0, prefill, REQUEST_LATENCY_BUCKETS_S),
             peak_request_rate=self._peak_rate() if pods else None,
             window_s=covered_s,
+            # output-token-weighted mean inter-token time, as sum/count of vLLM's histogram gives it
+            tpot_mean_s=float(decode_s.sum() / intervals.sum()) if intervals.size else None,
         )
         return WindowStats(
             observation=observation,
-            mean_tpot_s=float(decode_s.sum() / intervals.sum()) if intervals.size else None,
             mean_prefill_s=float(np.mean(prefill)) if prefill.size else None,
         )

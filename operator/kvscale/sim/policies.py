@@ -89,8 +89,7 @@ class KvscalePolicy:
                                  ready_replicas=fleet.ready_replicas, free_replica_slots=fleet.free_replica_slots,
                                  calibration=self.calibration)
         if self.calibrated and observation.pods_scraped:
-            sample = build_calibration_sample(context, observation, tpot_mean_s=stats.mean_tpot_s,
-                                              prefill_mean_s=stats.mean_prefill_s)
+            sample = build_calibration_sample(context, observation, prefill_mean_s=stats.mean_prefill_s)
             self.calibration = calibrate(self.calibration, d.setup, sample)
             context = replace(context, calibration=self.calibration)
         decision = decide(observation, context, self.history, fleet.now_s)

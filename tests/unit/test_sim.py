@@ -186,6 +186,19 @@ def test_static_peak_is_the_peak_over_a_load_tested_server(deployment: Simulated
     assert policy.initial_replicas() == int(np.ceil(trace.peak_rate() / test.rate_per_replica - 1e-9))
 
 
+def test_static_peak_stays_within_the_resources_replica_bounds(deployment: SimulatedDeployment) -> None:
+    # The peak minute needs several servers, but the resource allows at most 2: no policy runs more.
+    trace = generate_synthetic_trace("synthetic:bursts:rate=1:burst_rate=12:every=300:length=60:duration=600:"
+                                     "input=1024:output=128:lengths=exponential")
+    unbounded = build_policy("static-peak", deployment, trace)
+    assert isinstance(unbounded, StaticPolicy) and unbounded.replicas > 2
+    scaling = deployment.spec.scaling.model_copy(update={"max_replicas": 2})
+    small = replace(deployment, spec=deployment.spec.model_copy(update={"scaling": scaling}))
+    bounded = build_policy("static-peak", small, trace)
+    assert isinstance(bounded, StaticPolicy) and bounded.initial_replicas() == 2
+    assert bounded.summary()["unbounded_replicas"] == unbounded.replicas
+
+
 def test_traces_parse_from_csv_and_gzip_and_scale_in_time(tmp_path: Path) -> None:
     text = ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
             "2023-11-16 18:15:50.9951690,396,0\n2023-11-16 18:15:51.2224670,879,55\n")

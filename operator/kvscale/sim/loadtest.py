@@ -86,11 +86,19 @@ def load_test_capacity(deployment: SimulatedDeployment, trace: Trace) -> LoadTes
 
 
 def static_for_peak(deployment: SimulatedDeployment, trace: Trace) -> StaticPolicy:
-    """The peak-minute rate over the load-tested capacity of one server."""
+    """The peak-minute rate over the load-tested capacity of one server, within the resource's replica
+    bounds (as every policy is): where one server holds the SLO only at a trickle, the quotient is no
+    fleet anyone would run."""
     test = load_test_capacity(deployment, trace)
-    return StaticPolicy.for_peak(trace.peak_rate(PEAK_WINDOW_S), test.rate_per_replica, {
+    peak = StaticPolicy.for_peak(trace.peak_rate(PEAK_WINDOW_S), test.rate_per_replica, {
         "load_test": {"rate_per_replica": round(test.rate_per_replica, 4), "ttft_ms": test.ttft_ms,
                       "tpot_ms": test.tpot_ms, "requests_per_rate": test.requests_per_rate}})
+    scaling = deployment.spec.scaling
+    bounded = min(max(peak.replicas, scaling.min_replicas), scaling.max_replicas)
+    if bounded != peak.replicas:
+        peak = StaticPolicy(bounded, peak.peak_rate, peak.capacity,
+                            {**peak.detail, "unbounded_replicas": peak.replicas})
+    return peak
 
 
 def build_policy(name: str, deployment: SimulatedDeployment, trace: Trace, initial: int | None = None,

@@ -42,8 +42,12 @@ class Case:
     name: str = ""  # how the table names the trace (the trace's own name where empty)
 
     @property
+    def title(self) -> str:
+        return self.name or self.trace
+
+    @property
     def label(self) -> str:
-        return f"{self.name or self.trace} x{self.speedup:g}" + (" (peak stated)" if "peak" in self.resource else "")
+        return f"{self.title} x{self.speedup:g}" + (" (peak stated)" if "peak" in self.resource else "")
 
 
 # The packaged traces are one hour each: their load moves between 0.5x and 1.5x of the mean within
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({**m, "wall_s": round(wall, 2), "command": _command(case, policy)})
             if args.plots:
                 Path(args.plots).mkdir(parents=True, exist_ok=True)
-                draw_timeline(result, Path(args.plots) / f"{case.name or case.trace}-{policy}.png")
+                draw_timeline(result, Path(args.plots) / f"{case.title}-{policy}.png")
         start = time.perf_counter()
         replayed = trace.sped_up(case.speedup)
         found = smallest_static_fleet(deployment, replayed, 1, 3 * deployment.spec.scaling.max_replicas)

@@ -10,6 +10,7 @@ their true speed, not kvscale's model: a fleet sized this way knows the hardware
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from kvscale.sim.policies import (
     kv_usage,
     planned_replicas,
     waiting_per_pod,
+    within_replica_bounds,
 )
 from kvscale.sim.trace import Trace
 
@@ -90,15 +92,15 @@ def static_for_peak(deployment: SimulatedDeployment, trace: Trace) -> StaticPoli
     bounds (as every policy is): where one server holds the SLO only at a trickle, the quotient is no
     fleet anyone would run."""
     test = load_test_capacity(deployment, trace)
-    peak = StaticPolicy.for_peak(trace.peak_rate(PEAK_WINDOW_S), test.rate_per_replica, {
+    peak_rate = trace.peak_rate(PEAK_WINDOW_S)
+    wanted = StaticPolicy.replicas_for_peak(peak_rate, test.rate_per_replica)
+    replicas = within_replica_bounds(wanted, deployment)
+    detail: dict[str, Any] = {
         "load_test": {"rate_per_replica": round(test.rate_per_replica, 4), "ttft_ms": test.ttft_ms,
-                      "tpot_ms": test.tpot_ms, "requests_per_rate": test.requests_per_rate}})
-    scaling = deployment.spec.scaling
-    bounded = min(max(peak.replicas, scaling.min_replicas), scaling.max_replicas)
-    if bounded != peak.replicas:
-        peak = StaticPolicy(bounded, peak.peak_rate, peak.capacity,
-                            {**peak.detail, "unbounded_replicas": peak.replicas})
-    return peak
+                      "tpot_ms": test.tpot_ms, "requests_per_rate": test.requests_per_rate}}
+    if replicas != wanted:
+        detail["unbounded_replicas"] = wanted
+    return StaticPolicy(replicas, peak_rate, test.rate_per_replica, detail)
 
 
 def build_policy(name: str, deployment: SimulatedDeployment, trace: Trace, initial: int | None = None,

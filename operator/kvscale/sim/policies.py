@@ -57,10 +57,15 @@ class ScalingPolicy(Protocol):
     def summary(self) -> dict[str, Any]: ...
 
 
+def within_replica_bounds(replicas: int, deployment: SimulatedDeployment) -> int:
+    """`replicas` within the resource's scaling bounds (and at least one), as every policy runs."""
+    scaling = deployment.spec.scaling
+    return min(max(replicas, scaling.min_replicas, 1), scaling.max_replicas)
+
+
 def planned_replicas(deployment: SimulatedDeployment) -> int:
     """Where the operator starts a new Deployment: the plan's replicas within the scaling bounds."""
-    scaling = deployment.spec.scaling
-    return min(max(deployment.chosen.replicas, scaling.min_replicas, 1), scaling.max_replicas)
+    return within_replica_bounds(deployment.chosen.replicas, deployment)
 
 
 class KvscalePolicy:
@@ -128,11 +133,9 @@ class StaticPolicy:
         self.capacity = capacity_per_replica
         self.detail = detail or {}
 
-    @classmethod
-    def for_peak(cls, peak_rate: float, capacity_per_replica: float, detail: dict[str, Any] | None = None,
-                 ) -> StaticPolicy:
-        replicas = math.ceil(peak_rate / capacity_per_replica - 1e-9) if capacity_per_replica > 0 else 1
-        return cls(replicas, peak_rate, capacity_per_replica, detail)
+    @staticmethod
+    def replicas_for_peak(peak_rate: float, capacity_per_replica: float) -> int:
+        return math.ceil(peak_rate / capacity_per_replica - 1e-9) if capacity_per_replica > 0 else 1
 
     def initial_replicas(self) -> int:
         return self.replicas
@@ -206,4 +209,5 @@ def waiting_per_pod(observation: Observation) -> float | None:
 
 
 __all__ = ["HPA_KV_TARGET", "HPA_QUEUE_TARGET", "POLICIES", "FleetState", "HpaPolicy", "KvscalePolicy",
-           "ScalingPolicy", "StaticPolicy", "decide", "kv_usage", "planned_replicas", "waiting_per_pod"]
+           "ScalingPolicy", "StaticPolicy", "decide", "kv_usage", "planned_replicas", "waiting_per_pod",
+           "within_replica_bounds"]

@@ -35,19 +35,22 @@ def install_crd(kube: Kube) -> None:
 
 @contextmanager
 def running_operator(kube: Kube, scan_interval_s: float = 2.0, namespaces: tuple[str, ...] = (),
-                     prometheus_url: str | None = None) -> Iterator[RunningOperator]:
+                     prometheus_url: str | None = None, liveness_endpoint: str | None = None,
+                     liveness_stall_s: float | None = None) -> Iterator[RunningOperator]:
     from kubernetes.config import kube_config
 
     os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's own login reads it
     kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kube.kubeconfig)  # read at import time otherwise
     registry, state = build_registry(OperatorConfig(namespaces=namespaces, scan_interval_s=scan_interval_s,
                                                     kubeconfig=str(kube.kubeconfig),
-                                                    prometheus_url=prometheus_url))
+                                                    prometheus_url=prometheus_url,
+                                                    liveness_stall_s=liveness_stall_s))
     stop, ready = threading.Event(), threading.Event()
 
     def serve() -> None:
         asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=not namespaces,
-                                  namespaces=list(namespaces), stop_flag=stop, ready_flag=ready))
+                                  namespaces=list(namespaces), stop_flag=stop, ready_flag=ready,
+                                  liveness_endpoint=liveness_endpoint))
 
     thread = threading.Thread(target=serve, name="kvscale-operator", daemon=True)
     thread.start()

@@ -149,6 +149,9 @@ def test_drift_is_put_back(kube: Kube, operator: RunningOperator, namespace: str
         ({"model.precision": "fp4"}, "spec.model.precision"),
         ({"scaling.minReplicas": 9, "scaling.maxReplicas": 2}, "minReplicas"),
         ({"workload.requestsPerSecond": 5.5, "workload.peakRequestsPerSecond": 2}, "peakRequestsPerSecond"),
+        # No scale to zero (issue 19): nothing would bring a deployment back from zero replicas.
+        ({"scaling.minReplicas": 0}, "spec.scaling.minReplicas"),
+        ({"scaling.minReplicas": 0}, "Scale to zero is not supported"),
     ],
 )
 def test_the_apiserver_rejects_bad_types_at_the_door(

@@ -13,25 +13,64 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bedkit import Kube
+from bedkit import Kube, Prometheus, wait_until
+from loadgen import LoadGenerator, Surge, TraceRequest, find_trace, rate_scale_for, read_trace, replay_schedule
+from podsim import PodSim
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCALE_SUBJECT = "kvscale.dev/llmdeployment"
 
 
-@contextmanager
-def operator_with_metrics(kube: Kube, namespaces: tuple[str, ...], prometheus_url: str,
-                          scan_interval_s: float = 2.0) -> Iterator[Any]:
-    """The operator in-process (a kopf operator in a thread) with `--prometheus-url`.
+RESOURCE = Path(__file__).resolve().parent / "fixtures" / "llama-3.1-8b-h100-autoscale.yaml"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+TIME_SCALE = 15  # trace seconds per real second
+SCAN_INTERVAL_S = 2.0  # the operator's resync; Prometheus scrapes every 2 s
 
-    Uses tests/bed/operator_harness.running_operator when it takes `prometheus_url`; until then the
-    same wiring with `OperatorConfig.prometheus_url` set (delete the fallback once the harness has it).
-    """
+
+@dataclass
+class Stack:
+    """The operator (in-process, with live metrics), simulated serving pods and the conversation trace."""
+
+    kube: Kube
+    prometheus: Prometheus
+    namespace: str
+    sims: PodSim
+    trace: list[TraceRequest]
+    operator: Any  # operator_harness.RunningOperator
+
+    def deploy(self, name: str, **spec_changes: Any) -> int:
+        """Apply the resource; wait for its planned replicas to run simulators; return that count."""
+        from operator_harness import load_document
+
+        apply(self.kube, self.namespace, load_document(RESOURCE, name=name, **spec_changes))
+        replicas = wait_until(lambda: self.kube.apps.read_namespaced_deployment(name, self.namespace).spec.replicas,
+                              90, f"Deployment {name}")
+        for endpoint in self.sims.wait_for(name, replicas, timeout=90, namespace=self.namespace):
+            self.prometheus.wait_for_target_up(endpoint, timeout=30)
+        return int(replicas)
+
+    def load(self, name: str, base_rps: float, duration_s: float, surge: Surge | None = None,
+             seed: int = 1) -> LoadGenerator:
+        schedule = replay_schedule(
+            self.trace, time_scale=TIME_SCALE, rate_scale=rate_scale_for(self.trace, TIME_SCALE, base_rps,
+                                                                         duration_s=duration_s),
+            surge=surge, duration_s=duration_s, max_context_tokens=8192, seed=seed)
+        return LoadGenerator(schedule, lambda: self.sims.endpoints(name, self.namespace), MODEL,
+                             max_duration_s=duration_s, max_in_flight=400, drain_timeout_s=60, seed=seed)
+
+
+@contextmanager
+def serving_stack(kube: Kube, prometheus: Prometheus, namespace: str, operator_prometheus_url: str | None = None,
+                  **operator_options: Any) -> Iterator[Stack]:
+    """Pod simulators for `namespace` and the operator watching it with `--prometheus-url` (the bed's
+    Prometheus unless `operator_prometheus_url` says otherwise, e.g. a fault injector in front of it)."""
     import operator_harness
 
-    with operator_harness.running_operator(kube, scan_interval_s=scan_interval_s, namespaces=namespaces,
-                                           prometheus_url=prometheus_url) as running:
-        yield running
+    operator_harness.install_crd(kube)
+    with PodSim(kube, prometheus, [namespace]) as sims, operator_harness.running_operator(
+            kube, scan_interval_s=SCAN_INTERVAL_S, namespaces=(namespace,),
+            prometheus_url=operator_prometheus_url or prometheus.url, **operator_options) as running:
+        yield Stack(kube, prometheus, namespace, sims, read_trace(find_trace()), running)
 
 
 def apply(kube: Kube, namespace: str, document: Mapping[str, Any] | str) -> None:

@@ -3,7 +3,7 @@ trace-replayed load on the real bed.
 
 * a 4x load ramp raises replicas within a few scrape intervals, and p95 latencies return under the SLO;
 * a load drop lowers replicas only after the scale-down stabilization window (30 s here);
-* Prometheus going away holds replicas and sets MetricsUnavailable, which clears when it is back;
+* Prometheus killed (SIGKILL) holds replicas and sets MetricsUnavailable, which clears once it is restarted;
 * Recommend mode records the decision in status but never changes the Deployment.
 
 The resource (fixtures/llama-3.1-8b-h100-autoscale.yaml) is Llama-3.1-8B on H100 with max-num-seqs 16;
@@ -14,69 +14,23 @@ planner expects 6.6: the loop has to calibrate to keep the SLO.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 from bedctl import BED_PROMETHEUS
 from bedkit import Kube, Prometheus, wait_until
-from e2ekit import Recorder, apply, operator_with_metrics
-from loadgen import (
-    LoadGenerator,
-    Surge,
-    TraceRequest,
-    find_trace,
-    percentile,
-    rate_scale_for,
-    read_trace,
-    replay_schedule,
-)
-from operator_harness import install_crd, load_document
-from podsim import PodSim
+from e2ekit import SCAN_INTERVAL_S, Recorder, Stack, serving_stack
+from loadgen import Surge, percentile
 
-RESOURCE = Path(__file__).resolve().parent / "fixtures" / "llama-3.1-8b-h100-autoscale.yaml"
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TTFT_SLO_S, TPOT_SLO_S = 2.5, 0.050  # as in the fixture
-TIME_SCALE = 15  # trace seconds per real second
-SCAN_INTERVAL_S = 2.0  # the operator's resync; Prometheus scrapes every 2 s
 STABILIZATION_S = 30
-
-
-@dataclass
-class Stack:
-    kube: Kube
-    prometheus: Prometheus
-    namespace: str
-    sims: PodSim
-    trace: list[TraceRequest]
-
-    def deploy(self, name: str, **spec_changes: Any) -> int:
-        """Apply the resource; wait for its planned replicas to run simulators; return that count."""
-        apply(self.kube, self.namespace, load_document(RESOURCE, name=name, **spec_changes))
-        replicas = wait_until(lambda: self.kube.apps.read_namespaced_deployment(name, self.namespace).spec.replicas,
-                              90, f"Deployment {name}")
-        for endpoint in self.sims.wait_for(name, replicas, timeout=90, namespace=self.namespace):
-            self.prometheus.wait_for_target_up(endpoint, timeout=30)
-        return int(replicas)
-
-    def load(self, name: str, base_rps: float, duration_s: float, surge: Surge | None = None,
-             seed: int = 1) -> LoadGenerator:
-        schedule = replay_schedule(
-            self.trace, time_scale=TIME_SCALE, rate_scale=rate_scale_for(self.trace, TIME_SCALE, base_rps,
-                                                                         duration_s=duration_s),
-            surge=surge, duration_s=duration_s, max_context_tokens=8192, seed=seed)
-        return LoadGenerator(schedule, lambda: self.sims.endpoints(name, self.namespace), MODEL,
-                             max_duration_s=duration_s, max_in_flight=400, drain_timeout_s=60, seed=seed)
 
 
 @pytest.fixture
 def stack(kube: Kube, prometheus: Prometheus, namespace: str) -> Iterator[Stack]:
-    install_crd(kube)
-    with PodSim(kube, prometheus, [namespace]) as sims, \
-            operator_with_metrics(kube, (namespace,), prometheus.url, scan_interval_s=SCAN_INTERVAL_S):
-        yield Stack(kube, prometheus, namespace, sims, read_trace(find_trace()))
+    with serving_stack(kube, prometheus, namespace) as opened:
+        yield opened
 
 
 def test_load_ramp_scales_up_within_a_few_scrapes_and_latency_returns_under_slo(stack: Stack) -> None:
@@ -146,7 +100,7 @@ def test_prometheus_outage_holds_replicas_and_sets_metrics_unavailable(stack: St
                        "MetricsUnavailable=False with fresh metrics")
             replicas = rec.samples[-1].replicas
             assert replicas >= 2
-            with BED_PROMETHEUS.outage():
+            with BED_PROMETHEUS.outage(signal.SIGKILL):  # killed, as a crash or an OOM kill does
                 down_at = rec.now()
                 wait_until(lambda: rec.samples[-1].metrics_unavailable == "True", 10 * SCAN_INTERVAL_S + 30,
                            "MetricsUnavailable=True while Prometheus is down")

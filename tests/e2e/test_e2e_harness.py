@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
-from bedctl import BedUnavailableError, PrometheusProcess, binary, prometheus_ready
+from bedctl import BedProcess, BedUnavailableError, binary, prometheus_ready
 from bedkit import Kube, Prometheus, bed_required, free_port, wait_until
-from e2ekit import apply, deployment_replicas, operator_with_metrics, running_pods
+from e2ekit import apply, deployment_replicas, running_pods
 from loadgen import LoadGenerator, find_trace, rate_scale_for, read_trace, replay_schedule
-from operator_harness import install_crd, load_document
+from operator_harness import install_crd, load_document, running_operator
 from podsim import PodSim, target_name
 
 from kvscale.api.spec import load_resource
@@ -37,7 +37,7 @@ def test_operator_pods_become_scraped_simulators_that_serve_replayed_load(
     chosen = plan_deployment(build_plan_inputs(load_resource(EXAMPLE).spec)).chosen
     assert chosen is not None
     with PodSim(kube, prometheus, [namespace]) as sims, \
-            operator_with_metrics(kube, (namespace,), prometheus.url):
+            running_operator(kube, namespaces=(namespace,), prometheus_url=prometheus.url):
         apply(kube, namespace, document)
         pods = wait_until(lambda: (p := running_pods(kube, namespace, name)) and len(p) == chosen.replicas and p,
                           90, f"{chosen.replicas} Running pod(s) of {name}")
@@ -105,7 +105,7 @@ def test_hand_scaled_deployment_moves_simulators_and_prometheus_targets(
         # The operator creates the Deployment; then the LLMDeployment is deleted with --cascade=orphan, so
         # no operator (ours, or a cluster-wide one another session runs on the shared bed) puts a
         # hand-made replica count back. The pods keep their kvscale labels.
-        with operator_with_metrics(kube, (namespace,), prometheus.url):
+        with running_operator(kube, namespaces=(namespace,), prometheus_url=prometheus.url):
             apply(kube, namespace, document)
             wait_until(lambda: deployment_replicas(kube, namespace, name)[1] >= 1, 90, "the Deployment ready")
         kube.kubectl("delete", "llmdeployment", name, "-n", namespace, "--cascade=orphan", "--wait=true", check=True)
@@ -157,15 +157,15 @@ def test_prometheus_restart_helper_restarts_identically(tmp_path: Path) -> None:
     argv = [prometheus_bin, f"--config.file={config}", f"--web.listen-address=127.0.0.1:{port}",
             "--web.enable-lifecycle", f"--storage.tsdb.path={tmp_path / 'data'}"]
     url = f"http://127.0.0.1:{port}"
-    prom = PrometheusProcess(pid_file=tmp_path / "prometheus.pid", log_file=tmp_path / "prometheus.log",
-                             argv_file=tmp_path / "argv.json", url=url)
-    prom.argv_file.write_text(json.dumps(argv))
+    prom = BedProcess("prometheus", ready=lambda: prometheus_ready(url), pid_file=tmp_path / "prometheus.pid",
+                      log_file=tmp_path / "prometheus.log", argv_file=tmp_path / "argv.json")
+    prom.argv_path.write_text(json.dumps(argv))
     first = prom.start()
     try:
         assert prom.pid() == first and prometheus_ready(url)
         with prom.outage():
             assert prom.pid() is None and not prometheus_ready(url, timeout=1)
-            assert json.loads(prom.argv_file.read_text()) == argv  # the command line it ran with
+            assert json.loads(prom.argv_path.read_text()) == argv  # the command line it ran with
         second = prom.pid()
         assert second is not None and second != first and prometheus_ready(url)
         assert Path(f"/proc/{second}/cmdline").read_bytes().decode().split("\0")[:-1] == argv

@@ -117,7 +117,7 @@ wait_for() {
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
     -keyout apiserver.key -out apiserver.csr 2>/dev/null
   printf '%s\n' \
-    "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
+    "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
     "extendedKeyUsage=serverAuth" "keyUsage=digitalSignature,keyEncipherment" > apiserver.ext
   openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 \
     -extfile apiserver.ext -out apiserver.crt 2>/dev/null
@@ -174,11 +174,13 @@ start kube-apiserver "$BIN/kube-apiserver" --etcd-servers="$ETCD_URL" \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$P_API" \
   --cert-dir="$PKI" --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
   --client-ca-file="$PKI/ca.crt" --token-auth-file="$PKI/tokens.csv" \
-  --authorization-mode=RBAC --service-cluster-ip-range=10.0.0.0/24 \
+  --authorization-mode=RBAC --service-cluster-ip-range=10.96.0.0/16 \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
   --allow-privileged=true --profiling=false --v=1 \
   --disable-admission-plugins=TaintNodesByCondition --endpoint-reconciler-type=none
+# service-cluster-ip-range: a /16 (65,534 ClusterIPs) so that thousands of resources each get their
+#   Service (benchmarks/operator_scale.py --count 1000); a /24 ran out at 253.
 # TaintNodesByCondition: it taints every new Node node.kubernetes.io/not-ready:NoSchedule, and
 #   only the node-lifecycle-controller (not run: kwok owns node health) would remove it.
 # endpoint-reconciler-type=none: the 'kubernetes' Endpoints may not point at a loopback address.
@@ -198,7 +200,7 @@ start kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$KUBECONFIG_FILE" \
 start kwok "$BIN/kwok" --kubeconfig="$KUBECONFIG_FILE" --config="$BIN/kwok-stages.yaml" \
   --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --manage-nodes-with-label-selector= --manage-single-node= \
-  --cidr=10.0.0.0/24 --node-ip=10.0.0.1 --node-lease-duration-seconds=40
+  --cidr=10.244.0.0/16 --node-ip=10.244.0.1 --node-lease-duration-seconds=40
 
 # --- fake GPU nodes ---
 "${KUBECTL[@]}" create -f "$TESTBED_DIR/nodes/" >/dev/null

@@ -7,7 +7,7 @@ from typing import Any
 from kvscale.api.spec import ScalingMode, load_resource
 from kvscale.api.status import LLMDeploymentStatus
 from kvscale.catalog import find_gpu
-from kvscale.controllers.reconcile import decide_replicas
+from kvscale.controllers.desire import decide_replicas
 from kvscale.kube.builders import Owner, build_deployment
 from kvscale.kube.state import count_gpu_capacity, is_owned_by, is_subset, replica_counts, template_drifted
 from kvscale.planner import build_plan_inputs, plan_deployment

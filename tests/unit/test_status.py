@@ -10,8 +10,6 @@ from pydantic import ValidationError
 
 from kvscale.api.conditions import (
     ConditionType,
-    Reason,
-    build_status_from_plan,
     find_condition,
     format_time,
     is_condition_true,
@@ -21,7 +19,6 @@ from kvscale.api.spec import LLMDeploymentSpec, load_resource
 from kvscale.api.status import (
     Condition,
     ConditionStatus,
-    LLMDeploymentStatus,
     ObservedStatus,
     PredictedStatus,
     headline_latencies_ms,
@@ -118,81 +115,11 @@ def test_condition_fields_follow_the_api_conventions() -> None:
 
 def test_condition_type_constants() -> None:
     assert [t.value for t in ConditionType] == [
-        "Planned", "Ready", "Infeasible", "InsufficientCapacity", "MetricsUnavailable", "InvalidSpec",
+        "Planned", "Ready", "Infeasible", "InsufficientCapacity", "MetricsUnavailable", "InvalidSpec", "WriteFailed",
     ]
 
 
 # --- status from a plan -------------------------------------------------------------------
-
-
-def test_status_from_a_feasible_plan(feasible_plan: Plan) -> None:
-    chosen = feasible_plan.chosen
-    assert chosen is not None and chosen.predicted is not None
-    status = build_status_from_plan(feasible_plan, generation=3, now=T0)
-    assert status.observed_generation == 3
-    plan = status.plan
-    assert plan is not None and plan.feasible
-    assert (plan.gpu_type, plan.tensor_parallel, plan.max_num_seqs, plan.max_model_len) == (
-        chosen.gpu_type, chosen.tensor_parallel, chosen.max_num_seqs, chosen.max_model_len,
-    )
-    assert (plan.replicas, plan.gpus) == (chosen.replicas, chosen.gpus)
-    assert plan.cost_per_hour == pytest.approx(chosen.cost_per_hour, abs=1e-3)
-    assert plan.binding_constraint == feasible_plan.binding_constraint
-    assert plan.explanation == feasible_plan.explanation
-    assert status.predicted is not None
-    assert status.predicted.ttft_ms == pytest.approx(chosen.predicted.ttft_ms, abs=0.01)
-    assert status.predicted.tpot_ms == pytest.approx(chosen.predicted.tpot_ms, abs=0.001)
-    assert status.desired_replicas == chosen.replicas
-    # Before any metrics the printer columns show the prediction.
-    assert (status.ttft_p95_ms, status.tpot_p95_ms) == (status.predicted.ttft_ms, status.predicted.tpot_ms)
-    planned = find_condition(status.conditions, ConditionType.PLANNED)
-    infeasible = find_condition(status.conditions, ConditionType.INFEASIBLE)
-    assert planned is not None and infeasible is not None
-    assert (planned.status, planned.reason, planned.message) == (
-        ConditionStatus.TRUE, Reason.PLAN_FOUND, feasible_plan.explanation,
-    )
-    assert infeasible.status == ConditionStatus.FALSE
-    assert planned.observed_generation == infeasible.observed_generation == 3
-
-
-def test_status_from_an_infeasible_plan(infeasible_plan: Plan) -> None:
-    status = build_status_from_plan(infeasible_plan, generation=1, now=T0)
-    assert status.plan is not None and not status.plan.feasible
-    assert status.plan.gpu_type is None and status.plan.replicas == 0
-    assert status.predicted is None and status.desired_replicas is None
-    assert status.ttft_p95_ms is None
-    planned = find_condition(status.conditions, ConditionType.PLANNED)
-    infeasible = find_condition(status.conditions, ConditionType.INFEASIBLE)
-    assert planned is not None and planned.status == ConditionStatus.FALSE
-    assert planned.reason == Reason.NO_FEASIBLE_PLAN
-    assert infeasible is not None and infeasible.status == ConditionStatus.TRUE
-    assert infeasible.reason == Reason.TPOT_UNREACHABLE  # binding constraint "tpot"
-    assert infeasible.message == infeasible_plan.explanation
-    assert "TPOT" in infeasible.message
-
-
-def test_replanning_keeps_what_was_learned_elsewhere(feasible_plan: Plan, infeasible_plan: Plan) -> None:
-    observed = ObservedStatus(ttft_p95_ms=500.0, tpot_p95_ms=None, sampled_at="2025-03-01T12:01:00Z")
-    first = build_status_from_plan(feasible_plan, generation=1, now=T0)
-    ready = set_condition(first.conditions, ConditionType.READY, ConditionStatus.TRUE, "AllReplicasReady", "",
-                          T0, 1)
-    running = LLMDeploymentStatus.model_validate(
-        {**dict(first), "observed": observed, "replicas": 2, "ready_replicas": 2, "selector": "a=b",
-         "conditions": ready}
-    )
-    again = build_status_from_plan(feasible_plan, generation=2, now=T1, previous=running)
-    assert (again.observed, again.replicas, again.ready_replicas, again.selector) == (observed, 2, 2, "a=b")
-    assert again.ttft_p95_ms == 500.0  # observed wins
-    assert again.predicted is not None and again.tpot_p95_ms == again.predicted.tpot_ms  # falls back
-    planned = find_condition(again.conditions, ConditionType.PLANNED)
-    assert planned is not None and planned.last_transition_time == format_time(T0)  # no flip
-    assert planned.observed_generation == 2
-    assert is_condition_true(again.conditions, ConditionType.READY)
-
-    broken = build_status_from_plan(infeasible_plan, generation=3, now=T2, previous=again)
-    planned = find_condition(broken.conditions, ConditionType.PLANNED)
-    assert planned is not None and planned.last_transition_time == format_time(T2)  # flipped
-    assert [c.type for c in broken.conditions] == ["Planned", "Infeasible", "Ready"]
 
 
 def test_headline_latencies_prefer_observed() -> None:
@@ -203,13 +130,3 @@ def test_headline_latencies_prefer_observed() -> None:
     assert headline_latencies_ms(observed, predicted) == (400, 30)
 
 
-def test_status_serializes_camel_case_and_reads_back_with_unknown_fields(feasible_plan: Plan) -> None:
-    status = build_status_from_plan(feasible_plan, generation=1, now=T0)
-    wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    assert {"observedGeneration", "desiredReplicas", "ttftP95Ms", "conditions"} <= set(wire)
-    assert wire["plan"]["gpuType"] == "H100-SXM"
-    assert wire["conditions"][0]["lastTransitionTime"] == "2025-03-01T12:00:00Z"
-    assert "phase" not in LLMDeploymentStatus.model_fields
-    # kopf keeps its own bookkeeping in status.kopf; reading the status back must not fail on it.
-    read_back = LLMDeploymentStatus.model_validate({**wire, "kopf": {"progress": {}}})
-    assert read_back == status

@@ -3,10 +3,10 @@
 from kvscale.api.conditions import (
     ConditionType,
     Reason,
-    build_status_from_plan,
     find_condition,
     format_time,
     is_condition_true,
+    plan_conditions,
     set_condition,
 )
 from kvscale.api.spec import (
@@ -71,11 +71,11 @@ __all__ = [
     "SloSection",
     "Toleration",
     "WorkloadSection",
-    "build_status_from_plan",
     "find_condition",
     "format_time",
     "is_condition_true",
     "load_resource",
     "parse_resource",
+    "plan_conditions",
     "set_condition",
 ]

@@ -1,7 +1,8 @@
 """Pure helpers for status conditions, and the mapping from a plan to the resource's status.
 
 The clock is passed in (`now`), never read here. The planner's `Plan` is accepted by shape
-(`PlanView`): `api` sits below `planner` in the layering and may not import it.
+(`PlanView`): `api` sits below `planner` in the layering and may not import it. The status of a
+whole reconcile pass is built in `kvscale.controllers.desire`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from kvscale.api.status import (
     CONDITION_MESSAGE_MAX_CHARS,
     Condition,
     ConditionStatus,
-    LLMDeploymentStatus,
     PlanStatus,
     PredictedStatus,
-    headline_latencies_ms,
 )
 
 
@@ -31,6 +30,7 @@ class ConditionType(StrEnum):
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     INVALID_SPEC = "InvalidSpec"
+    WRITE_FAILED = "WriteFailed"
 
 
 class Reason(StrEnum):
@@ -189,9 +189,10 @@ def build_predicted_status(plan: PlanView) -> PredictedStatus | None:
     )
 
 
-def _plan_conditions(
+def plan_conditions(
     plan: PlanView, conditions: Sequence[Condition], now: datetime, generation: int
 ) -> list[Condition]:
+    """Planned and Infeasible for `plan` (its explanation is their message), set on `conditions`."""
     if plan.feasible and plan.chosen is not None:
         planned = set_condition(conditions, ConditionType.PLANNED, ConditionStatus.TRUE, Reason.PLAN_FOUND,
                                 plan.explanation, now, generation)
@@ -202,28 +203,3 @@ def _plan_conditions(
                             plan.explanation, now, generation)
     return set_condition(planned, ConditionType.INFEASIBLE, ConditionStatus.TRUE, reason,
                          plan.explanation, now, generation)
-
-
-def build_status_from_plan(
-    plan: PlanView, generation: int, now: datetime, previous: LLMDeploymentStatus | None = None
-) -> LLMDeploymentStatus:
-    """The status after planning `generation` of the spec.
-
-    Replaces plan, predicted and desiredReplicas and sets the Planned and Infeasible conditions
-    (the plan's explanation is their message). What the operator learned elsewhere (observed
-    metrics, calibration, replica counts, scale decisions, other conditions) is kept from `previous`.
-    """
-    base = previous if previous is not None else LLMDeploymentStatus()
-    predicted = build_predicted_status(plan)
-    ttft_ms, tpot_ms = headline_latencies_ms(base.observed, predicted)
-    changes = {
-        "observed_generation": generation,
-        "plan": build_plan_status(plan),
-        "predicted": predicted,
-        "desired_replicas": plan.chosen.replicas if plan.feasible and plan.chosen is not None else None,
-        "ttft_p95_ms": ttft_ms,
-        "tpot_p95_ms": tpot_ms,
-        "conditions": _plan_conditions(plan, base.conditions, now, generation),
-    }
-    # Validated (not model_copy) so a bad value fails here, not as a rejected status patch.
-    return LLMDeploymentStatus.model_validate({**dict(base), **changes})

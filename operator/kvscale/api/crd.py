@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
-from kvscale.api.spec import API_GROUP, API_VERSION, KIND, LLMDeployment, LLMDeploymentSpec
+from kvscale.api.spec import API_GROUP, API_VERSION, KIND, SCALE_TO_ZERO, LLMDeployment, LLMDeploymentSpec
 from kvscale.api.status import LLMDeploymentStatus
 
 PLURAL = "llmdeployments"
@@ -72,6 +72,9 @@ CEL_RULES: Mapping[tuple[str, ...], Sequence[Mapping[str, str]]] = {
     ("spec", "scaling"): [{  # ScalingSection._bounds_ordered
         "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
         "message": "minReplicas must not exceed maxReplicas",
+    }, {  # ScalingSection._no_scale_to_zero (the schema's minimum says only the number)
+        "rule": "!has(self.minReplicas) || self.minReplicas != 0",
+        "message": f"minReplicas 0: {SCALE_TO_ZERO}",
     }],
     ("spec", "serving", "resources"): [{  # ServingSection._known_resource_sections
         "rule": "self.all(section, section == 'requests' || section == 'limits')",

@@ -187,10 +187,19 @@ class WorkloadSection(ApiModel):
         return self
 
 
+# Why minReplicas has a floor of 1, said the same way by the CRD (CEL) and by the pydantic validator.
+SCALE_TO_ZERO = ("Scale to zero is not supported: with no replica nothing is scraped, so nothing would bring "
+                 "the deployment back when requests arrive. Use 1 or more (spec.replicas: 0 with mode Off "
+                 "stops it by hand).")
+
+
 class ScalingSection(ApiModel):
     """Replica bounds and the autoscaler's behaviour."""
 
-    min_replicas: Annotated[int, Field(ge=0, le=1000, description="Fewest replicas, even when idle.")] = 1
+    min_replicas: Annotated[
+        int,
+        Field(ge=1, le=1000, description="Fewest replicas, even when idle: at least 1. " + SCALE_TO_ZERO),
+    ] = 1
     max_replicas: Annotated[int, Field(ge=1, le=1000, description="Most replicas the scaler may run.")] = 10
     mode: Annotated[ScalingMode, Field(description="Auto, Recommend or Off.")] = ScalingMode.AUTO
     scale_up_stabilization_seconds: Annotated[
@@ -202,6 +211,13 @@ class ScalingSection(ApiModel):
     headroom: Annotated[
         float, Field(ge=0, le=1, description="Spare capacity kept above demand, as a fraction (0.2 = 20%).")
     ] = 0.1
+
+    @field_validator("min_replicas", mode="before")
+    @classmethod
+    def _no_scale_to_zero(cls, value: Any) -> Any:
+        if value == 0 and not isinstance(value, bool):
+            raise ValueError(f"minReplicas 0: {SCALE_TO_ZERO}")
+        return value
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> ScalingSection:

@@ -62,7 +62,7 @@ class Condition(StatusModel):
             max_length=316,
             pattern=CONDITION_TYPE_PATTERN,
             description="Condition type in CamelCase: Planned, Ready, Infeasible, InsufficientCapacity, "
-            "MetricsUnavailable or InvalidSpec.",
+            "MetricsUnavailable, InvalidSpec or WriteFailed.",
         ),
     ]
     status: Annotated[ConditionStatus, Field(description="True, False or Unknown.")]
@@ -249,8 +249,9 @@ class LLMDeploymentStatus(StatusModel):
     conditions: Annotated[
         list[Condition],
         Field(
-            description="Planned, Ready, Infeasible, InsufficientCapacity, MetricsUnavailable and "
-            "InvalidSpec, one entry per type.",
+            description="Planned, Ready, Infeasible, InsufficientCapacity, MetricsUnavailable, InvalidSpec and "
+            "WriteFailed (a write of the Deployment or Service the API server refused, with its cause), one entry "
+            "per type; only the types the resource's state evaluates are present.",
             json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         ),
     ] = Field(default_factory=list)

@@ -129,8 +129,9 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
     conditions = status.conditions
     updates: dict[str, Any] = {}
     if decision.metrics_problem:
+        cause = scaling.metrics_problem or decision.metrics_problem  # Prometheus's own failure, when it failed
         conditions = set_condition(conditions, ConditionType.METRICS_UNAVAILABLE, ConditionStatus.TRUE,
-                                   "NoUsableMetrics", f"{decision.metrics_problem}; replicas held at "
+                                   "NoUsableMetrics", f"{cause}; replicas held at "
                                    f"{current_replicas}, never scaled down without metrics.", now, generation)
     else:
         conditions = set_condition(conditions, ConditionType.METRICS_UNAVAILABLE, ConditionStatus.FALSE,

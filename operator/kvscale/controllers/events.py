@@ -20,4 +20,7 @@ class EventReason(StrEnum):
     SCALE_RECOMMENDED = "ScaleRecommended"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     METRICS_AVAILABLE = "MetricsAvailable"
-    RECONCILE_FAILED = "ReconcileFailed"
+    WRITE_FAILED = "WriteFailed"
+    WRITES_RECOVERED = "WritesRecovered"
+    FIELD_CONFLICT = "FieldConflict"
+    STATUS_WRITE_FAILED = "StatusWriteFailed"

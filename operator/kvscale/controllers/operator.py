@@ -23,13 +23,23 @@ import kopf
 from kvscale.api.spec import API_GROUP, API_VERSION, KIND
 from kvscale.autoscaler import Observation, ScalingHistory
 from kvscale.controllers.autoscaling import ScalingInput
+from kvscale.controllers.backoff import Backoff
 from kvscale.controllers.reconcile import Outcome, Reconciler
 from kvscale.controllers.telemetry import Telemetry
+from kvscale.errors import KvscaleError
 from kvscale.kube.cluster import PLURAL, Cluster, use_kubeconfig
 from kvscale.metrics import DeploymentKey, MetricsUnavailableError, PrometheusSource
 
 log = logging.getLogger("kvscale.operator")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kvscale"}
+
+
+# The liveness probe fails once the resync loop has completed no pass for this many intervals
+# (and at least LIVENESS_MIN_STALL_S): a wedged loop means nothing is autoscaled any more.
+LIVENESS_INTERVALS = 3
+LIVENESS_MIN_STALL_S = 60.0
+# Handlers are I/O-bound (API calls); kopf's default pool (CPUs + 4) starves a burst of resources.
+HANDLER_WORKERS = 16
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,14 @@ class OperatorConfig:
     gpu_prices_usd_per_hour: Mapping[str, float] = field(default_factory=dict)  # operator-wide defaults
     peering: str | None = None  # kopf peering name for HA (only one active replica); None: standalone
     metrics_port: int | None = None  # the operator's own /metrics
+    liveness_stall_s: float | None = None  # None: max(LIVENESS_INTERVALS x scan interval, LIVENESS_MIN_STALL_S)
+
+    @property
+    def stall_limit_s(self) -> float:
+        """How long the resync loop may go without completing a pass before the operator is not live."""
+        if self.liveness_stall_s is not None:
+            return self.liveness_stall_s
+        return max(LIVENESS_INTERVALS * self.scan_interval_s, LIVENESS_MIN_STALL_S)
 
 
 @dataclass
@@ -52,11 +70,17 @@ class OperatorState:
     cluster: Cluster | None = None
     metrics: PrometheusSource | None = None
     histories: dict[tuple[str, str], ScalingHistory] = field(default_factory=dict)
+    backoffs: dict[tuple[str, str], Backoff] = field(default_factory=dict)
+    problems: dict[tuple[str, str], str] = field(default_factory=dict)  # what was last logged, per resource
     locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
     reconciles: int = 0
-    failures: int = 0
+    failures: int = 0  # passes that failed outright (a read or the API server failed)
+    refused_writes: int = 0  # writes the API server refused (the pass went on)
+    conflicts: int = 0  # field-manager conflicts forced, and status writes rerun after a 409
     writes: int = 0
+    resyncs: int = 0  # resync passes completed
+    last_resync_s: float = field(default_factory=time.monotonic)  # when the last one completed (or start-up)
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def _lock(self, key: tuple[str, str]) -> threading.Lock:
@@ -64,35 +88,63 @@ class OperatorState:
             return self.locks.setdefault(key, threading.Lock())
 
     def reconcile(self, namespace: str, name: str, scaling: ScalingInput | None = None) -> Outcome | None:
-        """Re-read the resource and reconcile it; never raises (a failure is logged and retried later)."""
+        """Re-read the resource and reconcile it; never raises (a failure is logged, once per change
+        of error, and retried on the next event or resync)."""
         if self.cluster is None or self.stopping.is_set():
             return None  # shutting down: queued triggers are dropped, the next start resyncs anyway
-        with self._lock((namespace, name)):
+        key = (namespace, name)
+        with self._lock(key):
             try:
                 body = self.cluster.get_llmdeployment(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
+                    self._forget(key)
                     return None
                 reconciler = Reconciler(self.cluster, self.config.gpu_prices_usd_per_hour)
                 if scaling is not None:  # the history may have moved since the cycle began
-                    scaling = replace(scaling, history=self.histories.get((namespace, name), ScalingHistory()))
-                outcome = reconciler.reconcile(body, datetime.now(UTC), scaling)
-            except Exception:  # the operator must outlive any one resource's failure
+                    scaling = replace(scaling, history=self.histories.get(key, ScalingHistory()))
+                outcome = reconciler.reconcile(body, datetime.now(UTC), scaling, self.backoffs.get(key))
+            except Exception as exc:  # the operator must outlive any one resource's failure
                 self.failures += 1
                 self.telemetry.reconciles.labels(result="error").inc()
-                log.exception("reconcile of %s/%s failed; will retry on the next event or resync", namespace, name)
+                self._report(key, f"reconcile failed: {exc}", exc)
                 return None
             self.reconciles += 1
             self.writes += len(outcome.writes)
-            self.telemetry.reconciles.labels(result="ok").inc()
+            self.refused_writes += len(outcome.refused)
+            self.conflicts += len(outcome.conflicts) + outcome.reruns
+            self.telemetry.reconciles.labels(result="refused" if outcome.failures else "ok").inc()
             for write in outcome.writes:
                 self.telemetry.writes.labels(kind=write).inc()
+            if outcome.backoff.refusals:
+                self.backoffs[key] = outcome.backoff
+            else:
+                self.backoffs.pop(key, None)
             if outcome.decision is not None:
-                self.histories[(namespace, name)] = outcome.decision.history
+                self.histories[key] = outcome.decision.history
                 self.telemetry.decisions.labels(namespace, name, outcome.decision.action).inc()
             self._record(namespace, name, outcome)
+            self._report(key, "; ".join(f"{f.action} {f.kind} refused: {f.message}" for f in outcome.failures))
             if outcome.writes:
                 log.info("reconciled %s/%s: %s", namespace, name, ", ".join(outcome.writes))
             return outcome
+
+    def _report(self, key: tuple[str, str], problem: str, exc: Exception | None = None) -> None:
+        """Log a resource's problem once per change of it (not once per pass), and its recovery."""
+        before = self.problems.get(key, "")
+        if problem == before:
+            return
+        if problem:
+            self.problems[key] = problem
+            log.warning("%s/%s: %s (logged once until it changes; retried with back-off)", *key, problem,
+                        exc_info=exc is not None and not isinstance(exc, KvscaleError))
+        else:
+            self.problems.pop(key, None)
+            log.info("%s/%s: recovered (was: %s)", *key, before)
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self.histories.pop(key, None)
+        self.backoffs.pop(key, None)
+        self.problems.pop(key, None)
 
     def _record(self, namespace: str, name: str, outcome: Outcome) -> None:
         status = outcome.status
@@ -110,18 +162,32 @@ class OperatorState:
             self.telemetry.observed_tpot.labels(namespace, name).set(observed.tpot_p95_ms / 1000.0)
 
     def resync(self) -> None:
-        """Reconcile every resource; with Prometheus configured, first fetch everyone's metrics in one pass."""
+        """Reconcile every resource; with Prometheus configured, first fetch everyone's metrics in one pass.
+        Never raises: the loop that calls it must outlive any failure (the liveness probe watches it)."""
         if self.cluster is None:
             return
         try:
             bodies = self.cluster.list_llmdeployments(self.config.namespaces)
-        except Exception:
-            log.exception("listing LLMDeployments failed; will retry")
+            inputs = self._scaling_inputs(bodies) if self.metrics is not None else {}
+        except Exception as exc:
+            self._report(("", "resync"), f"resync failed: {exc}", exc)
             return
-        inputs = self._scaling_inputs(bodies) if self.metrics is not None else {}
+        self._report(("", "resync"), "")
         for body in bodies:
             key = (body["metadata"]["namespace"], body["metadata"]["name"])
             self.reconcile(*key, scaling=inputs.get(key))
+        self.resyncs += 1
+        self.last_resync_s = time.monotonic()
+
+    def liveness(self, now_s: float) -> dict[str, Any]:
+        """The probe's report; raises StalledError when the resync loop has stalled."""
+        since = now_s - self.last_resync_s
+        report = {"reconciles": self.reconciles, "failures": self.failures, "writes": self.writes,
+                  "resyncs": self.resyncs, "seconds_since_resync": round(since, 1)}
+        if since > self.config.stall_limit_s:
+            raise StalledError(f"the resync loop has completed no pass for {since:.0f} s "
+                               f"(limit {self.config.stall_limit_s:.0f} s): {report}")
+        return report
 
     def _scaling_inputs(self, bodies: list[dict[str, Any]]) -> dict[tuple[str, str], ScalingInput]:
         assert self.metrics is not None and self.cluster is not None
@@ -144,7 +210,7 @@ class OperatorState:
                 prefill.update(fetched.prefill_s)
         except MetricsUnavailableError as exc:
             problem = str(exc)
-            log.warning("metrics unavailable: %s", exc)
+        self._report(("", "metrics"), f"metrics unavailable: {problem}" if problem else "")
         pods: list[dict[str, Any]] | None
         try:
             pods = self.cluster.list_bound_pods()
@@ -158,6 +224,10 @@ class OperatorState:
                 bound_pods=pods)
             for keys in by_quantile.values() for key in keys
         }
+
+
+class StalledError(KvscaleError):
+    """The resync loop has not completed a pass for longer than the liveness limit."""
 
 
 def _owner_name(body: Mapping[str, Any]) -> str | None:
@@ -185,6 +255,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
+        settings.execution.max_workers = HANDLER_WORKERS
         state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig)
         if config.prometheus_url:
             state.metrics = PrometheusSource(config.prometheus_url)
@@ -192,9 +263,13 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
             state.telemetry.serve(config.metrics_port)
 
         async def resync_forever() -> None:
+            state.last_resync_s = time.monotonic()
             while True:
                 await asyncio.sleep(config.scan_interval_s)
-                await asyncio.to_thread(state.resync)
+                try:
+                    await asyncio.to_thread(state.resync)
+                except Exception:  # resync never raises; if it ever did, the loop must go on
+                    log.exception("resync pass failed")
 
         resync_task["task"] = asyncio.create_task(resync_forever())
 
@@ -217,8 +292,11 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
             state.reconcile(namespace, owner)
 
     @kopf.on.probe(id="reconciles", registry=registry)
-    def probe_reconciles(**_: Any) -> dict[str, int]:
-        return {"reconciles": state.reconciles, "failures": state.failures, "writes": state.writes}
+    def probe_reconciles(**_: Any) -> dict[str, Any]:
+        try:
+            return state.liveness(time.monotonic())
+        except StalledError as exc:  # a permanent error: kopf answers the probe with HTTP 500
+            raise kopf.PermanentError(str(exc)) from exc
 
     return registry, state
 

@@ -18,6 +18,7 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import kube_config
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
+from urllib3.exceptions import HTTPError
 
 from kvscale.api.conditions import format_time
 from kvscale.api.spec import API_GROUP, API_VERSION, KIND
@@ -26,7 +27,15 @@ from kvscale.errors import KvscaleError
 PLURAL = "llmdeployments"
 MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "kvscale"
+# Every call gets a deadline: a hung API server (etcd gone, say) must fail a pass, not stall it forever.
+REQUEST_TIMEOUT_S = 30.0
 T = TypeVar("T")
+
+
+def _as_dict(_client: Any, data: Any) -> Any:
+    """The dynamic client's response serializer, replaced: plain JSON dicts instead of its
+    attribute-wrapped ResourceInstance (and its slow to_dict), since kvscale works on dicts."""
+    return data
 
 
 def use_kubeconfig(path: str | None) -> None:
@@ -42,9 +51,14 @@ def use_kubeconfig(path: str | None) -> None:
 class KubeApiError(KvscaleError):
     """A Kubernetes API call failed; `status` is the HTTP status (0 when there was no response)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, detail: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.detail = detail or message  # the API server's own message, without what kvscale was doing
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
 
 
 def _wrap(what: str, exc: Exception) -> KubeApiError:
@@ -52,13 +66,17 @@ def _wrap(what: str, exc: Exception) -> KubeApiError:
     message = getattr(exc, "reason", "") or str(exc)
     with contextlib.suppress(TypeError, ValueError, AttributeError):  # the body is not always JSON
         message = json.loads(getattr(exc, "body", "") or "").get("message", message)
-    return KubeApiError(f"{what}: {status} {message}", status)
+    return KubeApiError(f"{what}: {status} {message}", status, f"{status} {message}")
+
+
+# OSError: refused, TLS, DNS; urllib3's errors (timeouts, protocol) are neither of the others.
+_TRANSPORT_ERRORS = (ApiException, DynamicApiError, OSError, HTTPError)
 
 
 def _call(what: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
-    except (ApiException, DynamicApiError, OSError) as exc:  # OSError: refused, TLS, DNS
+    except _TRANSPORT_ERRORS as exc:
         raise _wrap(what, exc) from exc
 
 
@@ -101,27 +119,28 @@ class Cluster:
     # --- reads -------------------------------------------------------------------------------
     def _get(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
-            found = resource.get(name=name, namespace=namespace)
+            found: dict[str, Any] = resource.get(name=name, namespace=namespace, serializer=_as_dict,
+                                                 _request_timeout=REQUEST_TIMEOUT_S)
         except NotFoundError:
             return None
-        except (ApiException, DynamicApiError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise _wrap(f"get {resource.kind} {namespace}/{name}", exc) from exc
-        result: dict[str, Any] = found.to_dict()
-        return result
+        return found
+
+    def _list(self, what: str, resource: Any, **params: Any) -> list[dict[str, Any]]:
+        found = _call(what, lambda: resource.get(serializer=_as_dict, _request_timeout=REQUEST_TIMEOUT_S, **params))
+        items: list[dict[str, Any]] = found.get("items") or []
+        return items
 
     def get_llmdeployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self._llmds, namespace, name)
 
     def list_llmdeployments(self, namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         if not namespaces:
-            return [i.to_dict() for i in _call("list LLMDeployments", lambda: self._llmds.get()).items]
+            return self._list("list LLMDeployments", self._llmds)
         items: list[dict[str, Any]] = []
         for ns in namespaces:
-            try:
-                found = self._llmds.get(namespace=ns)
-            except (ApiException, DynamicApiError, OSError) as exc:
-                raise _wrap(f"list LLMDeployments in {ns}", exc) from exc
-            items += [i.to_dict() for i in found.items]
+            items += self._list(f"list LLMDeployments in {ns}", self._llmds, namespace=ns)
         return items
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -134,40 +153,62 @@ class Cluster:
         return self._get(self._config_maps, namespace, name)
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        return [n.to_dict() for n in _call("list nodes", lambda: self._nodes.get()).items]
+        return self._list("list nodes", self._nodes)
 
     def list_bound_pods(self) -> list[dict[str, Any]]:
         """Every pod bound to a node and not finished, in all namespaces (for free-GPU counting)."""
-        result = _call("list pods", lambda: self._pods.get(field_selector="spec.nodeName!=,status.phase!=Succeeded,"
-                                                                          "status.phase!=Failed"))
-        return [p.to_dict() for p in result.items]
+        return self._list("list pods", self._pods,
+                          field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        result = _call(f"list pods {label_selector}",
-                       lambda: self._pods.get(namespace=namespace, label_selector=label_selector))
-        return [p.to_dict() for p in result.items]
+        return self._list(f"list pods {label_selector}", self._pods, namespace=namespace,
+                          label_selector=label_selector)
 
     # --- writes ------------------------------------------------------------------------------
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         resource = self._resource_for(body)
         namespace = body["metadata"]["namespace"]
-        created = _call(f"create {body['kind']} {namespace}/{body['metadata']['name']}",
-                        lambda: resource.create(body=dict(body), namespace=namespace, field_manager=FIELD_MANAGER))
-        result: dict[str, Any] = created.to_dict()
-        return result
+        created: dict[str, Any] = _call(
+            f"create {body['kind']} {namespace}/{body['metadata']['name']}",
+            lambda: resource.create(body=dict(body), namespace=namespace, field_manager=FIELD_MANAGER,
+                                    serializer=_as_dict, _request_timeout=REQUEST_TIMEOUT_S))
+        return created
+
+    def apply(self, body: Mapping[str, Any], force: bool = False) -> dict[str, Any]:
+        """Server-side apply of the whole object under the `kvscale` field manager: kvscale owns the
+        fields it sets, a field it stops setting is removed, and (without `force`) a field another
+        manager changed since is a 409 conflict naming that manager instead of a silent overwrite."""
+        resource = self._resource_for(body)
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        applied: dict[str, Any] = _call(
+            f"apply {body['kind']} {namespace}/{name}",
+            lambda: resource.server_side_apply(body=dict(body), name=name, namespace=namespace,
+                                               field_manager=FIELD_MANAGER, force_conflicts=force,
+                                               serializer=_as_dict, _request_timeout=REQUEST_TIMEOUT_S))
+        return applied
 
     def merge_patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         resource = self._resource_for({"kind": kind})
-        patched = _call(f"patch {kind} {namespace}/{name}",
-                        lambda: resource.patch(body=dict(patch), name=name, namespace=namespace,
-                                               content_type=MERGE_PATCH, field_manager=FIELD_MANAGER))
-        result: dict[str, Any] = patched.to_dict()
-        return result
+        patched: dict[str, Any] = _call(
+            f"patch {kind} {namespace}/{name}",
+            lambda: resource.patch(body=dict(patch), name=name, namespace=namespace, content_type=MERGE_PATCH,
+                                   field_manager=FIELD_MANAGER, serializer=_as_dict,
+                                   _request_timeout=REQUEST_TIMEOUT_S))
+        return patched
 
-    def patch_llmdeployment_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        _call(f"patch status of {KIND} {namespace}/{name}",
-              lambda: self._llmds.status.patch(body={"status": dict(status)}, name=name, namespace=namespace,
-                                               content_type=MERGE_PATCH, field_manager=FIELD_MANAGER))
+    def patch_llmdeployment_status(self, namespace: str, name: str, status: Mapping[str, Any],
+                                   resource_version: str | None = None) -> dict[str, Any]:
+        """A merge patch of the status subresource. Fields sent as null are removed. With
+        `resource_version`, the write is refused (409) if the resource changed since it was read."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        patched: dict[str, Any] = _call(
+            f"patch status of {KIND} {namespace}/{name}",
+            lambda: self._llmds.status.patch(body=body, name=name, namespace=namespace, content_type=MERGE_PATCH,
+                                             field_manager=FIELD_MANAGER, serializer=_as_dict,
+                                             _request_timeout=REQUEST_TIMEOUT_S))
+        return patched
 
     def emit_event(self, owner: Mapping[str, Any], event: EventRecord, now: datetime) -> None:
         meta = owner["metadata"]
@@ -187,7 +228,9 @@ class Cluster:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        _call(f"create Event {event.reason}", lambda: self._events.create(body=body, namespace=meta["namespace"]))
+        _call(f"create Event {event.reason}",
+              lambda: self._events.create(body=body, namespace=meta["namespace"], serializer=_as_dict,
+                                          _request_timeout=REQUEST_TIMEOUT_S))
 
     def _resource_for(self, body: Mapping[str, Any]) -> Any:
         kinds = {"Deployment": self._deployments, "Service": self._services, "Event": self._events}

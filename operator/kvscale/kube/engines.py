@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvscale.api.spec import Engine, KvCacheDtype, Precision
-from kvscale.errors import InvalidSpecError
+from kvscale.perfmodel.precision import check_loadable
 
 SERVING_PORT = 8000
 HEALTH_PATH = "/health"
@@ -50,22 +50,16 @@ def image_for(engine: Engine, image: str | None) -> str:
 
 
 def precision_args(launch: EngineLaunch) -> list[str]:
-    """Flags that make the engine load the weights at the planned precision.
-
-    The engines quantize to fp8 on load and cast between 16-bit types; every other change of
-    precision needs a checkpoint already in that format (then the engine detects it by itself).
-    """
+    """Flags that make the engine load the weights at the planned precision (`check_loadable` says
+    which changes of precision the engines can make on load; a checkpoint in the wanted format needs
+    no flag: the engine detects it)."""
     wanted, native = launch.precision, launch.native_precision
+    check_loadable(wanted, native, launch.model_name)
     if wanted == native:
         return []
-    if wanted == Precision.FP8 and native in _SIXTEEN_BIT_DTYPES:
+    if wanted == Precision.FP8:
         return ["--quantization", "fp8"]
-    if wanted in _SIXTEEN_BIT_DTYPES and native in _SIXTEEN_BIT_DTYPES:
-        return ["--dtype", _SIXTEEN_BIT_DTYPES[wanted]]
-    raise InvalidSpecError(
-        f"spec.model.precision: {wanted} needs a checkpoint already quantized to {wanted}; "
-        f"{launch.model_name} is {native} (the engines can only quantize 16-bit weights to fp8 on load)"
-    )
+    return ["--dtype", _SIXTEEN_BIT_DTYPES[wanted]]
 
 
 def vllm_args(launch: EngineLaunch) -> list[str]:

@@ -17,6 +17,9 @@ from kvscale.metrics.queries import DeploymentKey, MetricsLabels, build_queries
 
 DEFAULT_WINDOW_S = 60
 QUERY_TIMEOUT_S = 10
+# The HTTP deadline, a little beyond Prometheus's own query timeout: a server that accepts the
+# connection and never answers must fail the fetch, not hang the operator's resync loop.
+HTTP_TIMEOUT_S = QUERY_TIMEOUT_S + 5
 
 
 class MetricsUnavailableError(KvscaleError):
@@ -46,16 +49,23 @@ class PrometheusSource:
         self.url = url
         self.labels = labels or MetricsLabels()
         self.window_s = window_s
-        self._client = PrometheusConnect(url=url, disable_ssl=True)
+        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=HTTP_TIMEOUT_S)
 
     def _rows(self, promql: str, at_s: float | None) -> list[dict[str, Any]]:
+        """The result vector of one instant query, checked for the shape the HTTP API promises."""
         params = {"timeout": f"{QUERY_TIMEOUT_S}s"}
         if at_s is not None:
             params["time"] = f"{at_s:.3f}"
         try:
-            rows: list[dict[str, Any]] = self._client.custom_query(query=promql, params=params)
-        except (PrometheusApiClientException, RequestException, ValueError, OSError) as exc:
+            rows = self._client.custom_query(query=promql, params=params)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not JSON, or JSON without data.result
+            raise MetricsUnavailableError(f"Prometheus at {self.url} sent a malformed reply to {promql!r}: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+        except (PrometheusApiClientException, RequestException, OSError) as exc:
             raise MetricsUnavailableError(f"Prometheus at {self.url} failed: {exc}") from exc
+        if not isinstance(rows, list) or not all(_is_sample(row) for row in rows):
+            raise MetricsUnavailableError(f"Prometheus at {self.url} sent a malformed reply to {promql!r}: "
+                                          f"expected a vector of samples, got {str(rows)[:200]}")
         return rows
 
     def _evaluation_time_s(self) -> float | None:
@@ -118,6 +128,14 @@ class PrometheusSource:
             if prefill_value is not None:
                 prefill[key] = prefill_value
         return FetchResult(observations=observations, prefill_s=prefill)
+
+
+def _is_sample(row: Any) -> bool:
+    """One element of an instant vector: {"metric": {label: value}, "value": [time, "number"]}."""
+    if not isinstance(row, dict) or not isinstance(row.get("metric", {}), dict):
+        return False
+    value = row.get("value")
+    return isinstance(value, list | tuple) and len(value) == 2
 
 
 def _finite(value: float | None) -> float | None:

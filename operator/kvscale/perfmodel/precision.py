@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from kvscale.api.spec import KvCacheDtype, Precision
 from kvscale.catalog.gpus import GpuSpec
+from kvscale.errors import InvalidSpecError
+
+SIXTEEN_BIT = frozenset({Precision.BF16, Precision.FP16})
 
 # Bytes per weight of a linear layer, scale metadata included:
 # int4 (AWQ/GPTQ): 4-bit values + an fp16 scale and a 4-bit zero per group of 128;
@@ -20,6 +23,19 @@ WEIGHT_BYTES_PER_PARAM: dict[Precision, float] = {
 
 # Embeddings, the LM head and norms stay 16-bit in quantized checkpoints.
 UNQUANTIZED_BYTES_PER_PARAM = 2.0
+
+
+def check_loadable(wanted: Precision, native: Precision, model_name: str) -> None:
+    """The engines quantize 16-bit weights to fp8 on load and cast between 16-bit types; every other
+    change of precision needs a checkpoint already in that format. Raises InvalidSpecError otherwise,
+    before a plan is made for weights no engine would load."""
+    if wanted == native or (wanted == Precision.FP8 and native in SIXTEEN_BIT) or (
+            wanted in SIXTEEN_BIT and native in SIXTEEN_BIT):
+        return
+    raise InvalidSpecError(
+        f"spec.model.precision: {wanted} needs a checkpoint already quantized to {wanted}; "
+        f"{model_name} is {native} (the engines can only quantize 16-bit weights to fp8 on load)"
+    )
 
 
 def kv_bytes_per_element(kv_cache_dtype: KvCacheDtype) -> int:

@@ -17,6 +17,7 @@ from kvscale.catalog import GpuSpec, ModelArchitecture, find_gpu, resolve_archit
 from kvscale.errors import PlanningError
 from kvscale.perfmodel.efficiency import DEFAULT_EFFICIENCY, EfficiencyFactors
 from kvscale.perfmodel.memory import max_model_len_that_fits
+from kvscale.perfmodel.precision import check_loadable
 from kvscale.perfmodel.replica import (
     ReplicaModel,
     ServingSetup,
@@ -57,6 +58,7 @@ def build_plan_inputs(spec: LLMDeploymentSpec, config_json: dict[str, Any] | Non
     operator's defaults (`default_prices_usd_per_hour`), else the catalog's."""
     config = spec.model.architecture if spec.model.architecture is not None else config_json
     arch = resolve_architecture(spec.model.name, config)
+    check_loadable(spec.model.precision or arch.native_precision, arch.native_precision, spec.model.name)
     prices = {k.lower(): v for k, v in (default_prices_usd_per_hour or {}).items()}
     prices.update({k.lower(): v for k, v in spec.gpu.price_usd_per_hour.items()})
     gpus = []

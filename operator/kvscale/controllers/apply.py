@@ -1,0 +1,170 @@
+"""The edge of a reconcile pass: read the `World`, and write what an `Intent` changes.
+
+Owned objects are written with server-side apply under the `kvscale` field manager. A first apply
+is not forced: when another writer changed a field kvscale manages, the API server answers 409 and
+names it, kvscale says so in an Event, then applies again with force (it is the objects' controller).
+The status is a merge patch that sends every field it clears as null, with the resourceVersion it was
+computed from: if the resource changed since it was read, the write is refused (409) and the pass is
+run again on a fresh read. A refused object write does not stop the pass: the rest is written, and
+the status says which write failed and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kvscale.controllers.autoscaling import ScalingInput
+from kvscale.controllers.backoff import Backoff, fingerprint
+from kvscale.controllers.desire import previous_status, same_status, settle, status_dict
+from kvscale.controllers.events import EventReason
+from kvscale.controllers.world import Intent, ObjectWrite, PassReport, World, WriteFailure, WriteKind
+from kvscale.kube.cluster import FIELD_MANAGER, Cluster, EventRecord, KubeApiError
+
+log = logging.getLogger("kvscale.reconcile")
+_MANAGER = re.compile(r'conflicts? with "([^"]+)"')
+
+
+def read_world(cluster: Cluster, body: Mapping[str, Any], now: datetime, scaling: ScalingInput | None) -> World:
+    """Every read one pass needs, before anything is decided."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    ref = ((body.get("spec") or {}).get("model") or {}).get("configMapRef")
+    config_name = ref.get("name") if isinstance(ref, Mapping) else None
+    return World(
+        body=body,
+        deployment=cluster.get_deployment(namespace, name),
+        service=cluster.get_service(namespace, name),
+        nodes=cluster.list_nodes(),
+        config_map=cluster.get_config_map(namespace, str(config_name)) if config_name else None,
+        now=now,
+        scaling=scaling,
+    )
+
+
+@dataclass(frozen=True)
+class Applied:
+    intent: Intent  # as settled: the status that was (or should have been) written
+    report: PassReport
+    backoff: Backoff
+    stale: bool = False  # the status write was refused because the resource changed since it was read
+
+
+def _other_managers(detail: str) -> list[str]:
+    return [m for m in _MANAGER.findall(detail) if m != FIELD_MANAGER]
+
+
+def _apply_owned(cluster: Cluster, write: ObjectWrite) -> str | None:
+    """Apply one owned object; returns the conflict that had to be forced, if another writer caused one."""
+    try:
+        cluster.apply(write.body)
+        return None
+    except KubeApiError as exc:
+        if not exc.conflict or write.action == "create":
+            raise  # a create that conflicts met an object someone else made meanwhile: never taken over
+        cluster.apply(write.body, force=True)
+        return exc.detail if _other_managers(exc.detail) else None  # kvscale's own older entries: no news
+
+
+class Writer:
+    """Writes one Intent through `cluster`, emitting Events as writes succeed."""
+
+    def __init__(self, cluster: Cluster, world: World, backoff: Backoff, now_s: float) -> None:
+        self.cluster, self.world, self.backoff, self.now_s = cluster, world, backoff, now_s
+        self.written: list[str] = []
+        self.failures: list[WriteFailure] = []  # including writes held back by their back-off
+        self.refused: list[WriteFailure] = []  # tried and refused in this pass
+        self.conflicts: list[str] = []
+        self.emitted: list[EventRecord] = []
+
+    def emit(self, event: EventRecord) -> None:
+        self.emitted.append(event)
+        try:
+            self.cluster.emit_event(self.world.body, event, self.world.now)
+        except KubeApiError as exc:  # an Event is best effort; the status carries the same facts
+            log.debug("could not emit event %s: %s", event.reason, exc)
+
+    def object(self, write: ObjectWrite) -> None:
+        body_print = fingerprint(write.body)
+        held = self.backoff.waiting(write.kind, body_print, self.now_s)
+        if held is not None:
+            self.failures.append(held)
+            return
+        try:
+            conflict = _apply_owned(self.cluster, write)
+        except KubeApiError as exc:
+            failure = WriteFailure(write.kind, write.action, exc.status, exc.detail)
+            self.failures.append(failure)
+            self.refused.append(failure)
+            self.backoff = self.backoff.record(write.kind, body_print, failure, self.now_s)
+            return
+        self.backoff = self.backoff.record(write.kind, body_print, None, self.now_s)
+        self.written.append(f"{write.action} {write.kind}")
+        if conflict is not None:
+            self.conflicts.append(conflict)
+            name = write.body["metadata"]["name"]
+            self.emit(EventRecord("Warning", EventReason.FIELD_CONFLICT.value,
+                                  f"{write.kind} {name}: another writer changed fields kvscale manages ({conflict}); "
+                                  "kvscale put its values back. Change the LLMDeployment instead (for a manual "
+                                  "replica count: scaling.mode Off and spec.replicas)."))
+        for event in write.events:
+            self.emit(event)
+
+    def status(self, intent: Intent) -> bool:
+        """Write the status if it changed; False when it was refused (other than by a 409, which raises)."""
+        if same_status(previous_status(self.world.body), intent.status):
+            self.backoff = self.backoff.clear(WriteKind.STATUS)
+            return True
+        meta = self.world.body["metadata"]
+        body = status_dict(intent.status)
+        body_print = fingerprint(body)
+        held = self.backoff.waiting(WriteKind.STATUS, body_print, self.now_s)
+        if held is not None:
+            self.failures.append(held)
+            return False
+        try:
+            self.cluster.patch_llmdeployment_status(meta["namespace"], meta["name"], body,
+                                                    resource_version=meta.get("resourceVersion"))
+        except KubeApiError as exc:
+            if exc.conflict:
+                raise  # the resource changed since it was read: the caller reads it again and re-runs
+            failure = WriteFailure(WriteKind.STATUS, "patch", exc.status, exc.detail)
+            if self.backoff.is_new(WriteKind.STATUS, failure):
+                self.emit(EventRecord("Warning", EventReason.STATUS_WRITE_FAILED.value,
+                                      f"Could not write the status: {exc.detail}. kvscale retries with back-off; "
+                                      "check kvscale's RBAC for llmdeployments/status and the API server."))
+            self.failures.append(failure)
+            self.refused.append(failure)
+            self.backoff = self.backoff.record(WriteKind.STATUS, body_print, failure, self.now_s)
+            return False
+        self.backoff = self.backoff.record(WriteKind.STATUS, body_print, None, self.now_s)
+        self.written.append("patch status")
+        return True
+
+
+def apply_intent(cluster: Cluster, world: World, intent: Intent, backoff: Backoff) -> Applied:
+    """Write the objects, then the status (with the outcome of the object writes), then the Events.
+
+    The Events that describe the status (Planned, Infeasible, WriteFailed, ...) go out only once the
+    status that records them is written, so a refused status write does not repeat them every pass.
+    """
+    writer = Writer(cluster, world, backoff, world.now.timestamp())
+    for write in intent.writes:
+        writer.object(write)
+    settled = settle(intent, world, writer.failures)
+    stale = False
+    try:
+        if writer.status(settled):
+            for event in settled.events:
+                writer.emit(event)
+    except KubeApiError:  # 409 only: Writer.status records every other refusal
+        stale = True
+    report = PassReport(written=tuple(writer.written), failures=tuple(writer.failures),
+                        refused=tuple(writer.refused), conflicts=tuple(writer.conflicts),
+                        events=tuple(writer.emitted))
+    return Applied(intent=settled, report=report, backoff=writer.backoff, stale=stale)
+

@@ -1,0 +1,415 @@
+"""The decision of one reconcile pass, as a value: `desire(World) -> Intent` (pure).
+
+Each state builds its status from scratch and carries over only what outlives a state change
+(the calibration learned from metrics and the last scale decision), so a field that no longer
+applies cannot linger: an Infeasible resource has no predictions or desired replicas, an invalid
+one has no plan. Conditions keep their lastTransitionTime from the previous status.
+
+`settle` folds the outcome of the writes (which only the edge knows) into the Intent.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kvscale.api.conditions import (
+    ConditionType,
+    build_plan_status,
+    build_predicted_status,
+    find_condition,
+    plan_conditions,
+    set_condition,
+)
+from kvscale.api.spec import LLMDeploymentSpec, ScalingMode, parse_spec
+from kvscale.api.status import Condition, ConditionStatus, LLMDeploymentStatus, headline_latencies_ms
+from kvscale.autoscaler import ScaleDecision
+from kvscale.catalog import GpuSpec
+from kvscale.controllers.autoscaling import autoscale
+from kvscale.controllers.events import EventReason
+from kvscale.controllers.world import Intent, ObjectWrite, World, WriteFailure, WriteKind
+from kvscale.errors import CatalogError, InvalidSpecError
+from kvscale.kube.builders import SPEC_HASH_ANNOTATION, Owner, build_deployment, build_service, selector_string
+from kvscale.kube.cluster import EventRecord
+from kvscale.kube.state import (
+    count_free_replica_slots,
+    count_gpu_capacity,
+    is_owned_by,
+    is_subset,
+    replica_counts,
+    template_drifted,
+)
+from kvscale.planner import Candidate, Plan, build_plan_inputs, chosen_setup, plan_deployment
+from kvscale.planner.search import PlanInputs
+
+# The conditions each state evaluates; any other type is dropped from the status in that state.
+_INVALID = frozenset({ConditionType.INVALID_SPEC, ConditionType.PLANNED, ConditionType.READY})
+_INFEASIBLE = _INVALID | {ConditionType.INFEASIBLE}
+_PLANNED = _INFEASIBLE | {ConditionType.INSUFFICIENT_CAPACITY}
+
+
+def previous_status(body: Mapping[str, Any]) -> LLMDeploymentStatus | None:
+    """The status as the last pass (or another operator version) left it; None when absent or unreadable."""
+    raw = dict(body.get("status") or {})
+    raw.pop("kopf", None)
+    if not raw:
+        return None
+    try:
+        return LLMDeploymentStatus.model_validate(raw)
+    except ValidationError:
+        return None  # rebuilt from scratch below: everything in it is derived or re-learned
+
+
+def status_dict(status: LLMDeploymentStatus) -> dict[str, Any]:
+    """The status as JSON, every absent field an explicit null: a merge patch removes a field only
+    when it is sent as null, and a status write must clear what no longer applies."""
+    return status.model_dump(by_alias=True, exclude_none=False, mode="json")
+
+
+def same_status(previous: LLMDeploymentStatus | None, status: LLMDeploymentStatus) -> bool:
+    return previous is not None and previous.model_dump(mode="json") == status.model_dump(mode="json")
+
+
+def read_config_json(config_map: Mapping[str, Any] | None, namespace: str,
+                     spec: LLMDeploymentSpec) -> dict[str, Any] | None:
+    """The config.json spec.model.configMapRef points at, parsed; None when the spec names none."""
+    ref = spec.model.config_map_ref
+    if spec.model.config_path:
+        raise InvalidSpecError("spec.model.configPath is for the offline CLI; in the cluster use "
+                               "spec.model.configMapRef or spec.model.architecture")
+    if ref is None:
+        return None
+    if config_map is None:
+        raise InvalidSpecError(f"spec.model.configMapRef: ConfigMap {namespace}/{ref.name} not found")
+    text = (config_map.get("data") or {}).get(ref.key)
+    if text is None:
+        raise InvalidSpecError(f"spec.model.configMapRef: ConfigMap {ref.name} has no key {ref.key!r}")
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSpecError(f"spec.model.configMapRef: {ref.name}/{ref.key} is not JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise InvalidSpecError(f"spec.model.configMapRef: {ref.name}/{ref.key} is not a JSON object")
+    return config
+
+
+@functools.lru_cache(maxsize=2048)
+def _plan_from_key(key: str) -> tuple[PlanInputs, Plan]:
+    spec_json, config, prices = json.loads(key)
+    inputs = build_plan_inputs(LLMDeploymentSpec.model_validate(spec_json), config,
+                               default_prices_usd_per_hour=prices)
+    return inputs, plan_deployment(inputs)
+
+
+def plan_cached(spec: LLMDeploymentSpec, config_json: dict[str, Any] | None,
+                default_prices: Mapping[str, float]) -> tuple[PlanInputs, Plan]:
+    """Planning is a pure function of the spec, the architecture and the prices: each distinct input is
+    planned once, so the many reconciles of an unchanged resource cost reads and compares only."""
+    key = json.dumps([spec.model_dump(mode="json", by_alias=True), config_json, dict(default_prices)],
+                     sort_keys=True)
+    return _plan_from_key(key)
+
+
+def decide_replicas(spec: LLMDeploymentSpec, chosen: Candidate, live: Mapping[str, Any] | None,
+                    previous: LLMDeploymentStatus | None, generation: int) -> int:
+    """Replicas the Deployment should have. A new spec (or a new Deployment) starts from the plan;
+    between spec changes the count belongs to the scaling loop and is left where it is (within the
+    spec's bounds, whatever the status says)."""
+    if spec.scaling.mode == ScalingMode.OFF and spec.replicas is not None:
+        return spec.replicas
+    low, high = spec.scaling.min_replicas, spec.scaling.max_replicas
+    planned = min(max(chosen.replicas, low), high)
+    if live is None or previous is None or previous.observed_generation != generation:
+        return planned
+    kept = previous.desired_replicas
+    if kept is None:
+        kept = int((live.get("spec") or {}).get("replicas") or planned)
+    return min(max(kept, low), high)
+
+
+def _only(conditions: Sequence[Condition], types: Collection[str]) -> list[Condition]:
+    """The conditions of `types`, in the catalogue's order (a stable order: no write for a reorder)."""
+    by_type = {c.type: c for c in conditions}
+    return [by_type[t] for t in ConditionType if t in types and t in by_type]
+
+
+def condition_changed(before: LLMDeploymentStatus | None, after: LLMDeploymentStatus, type_: str) -> bool:
+    old = find_condition(before.conditions, type_) if before else None
+    new = find_condition(after.conditions, type_)
+    if new is None:
+        return False
+    return old is None or (old.status, old.reason, old.message) != (new.status, new.reason, new.message)
+
+
+def _flip_event(previous: LLMDeploymentStatus | None, status: LLMDeploymentStatus, type_: str,
+                raised: EventReason, cleared: EventReason) -> list[EventRecord]:
+    """A Warning when a problem condition turns True (or its message changes), a Normal when it clears."""
+    if not condition_changed(previous, status, type_):
+        return []
+    condition = find_condition(status.conditions, type_)
+    assert condition is not None
+    if condition.status == ConditionStatus.TRUE:
+        return [EventRecord("Warning", raised.value, condition.message)]
+    if previous is not None and find_condition(previous.conditions, type_) is not None:
+        return [EventRecord("Normal", cleared.value, condition.message)]
+    return []
+
+
+class _Pass:
+    """The facts of one pass that every state needs."""
+
+    def __init__(self, world: World) -> None:
+        meta = world.body["metadata"]
+        self.world = world
+        self.now: datetime = world.now
+        self.owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+        self.generation = int(meta.get("generation") or 0)
+        self.previous = previous_status(world.body)
+        live = world.deployment
+        self.owned = live if live is not None and is_owned_by(live, self.owner.uid) else None
+        self.foreign = live is not None and self.owned is None
+        current, ready = replica_counts(self.owned)
+        kept = self.previous or LLMDeploymentStatus()
+        # What outlives any state: the live replica counts, what metrics taught, and the last decision.
+        self.base = LLMDeploymentStatus(
+            observed_generation=self.generation, replicas=current, ready_replicas=ready,
+            selector=selector_string(self.owner), calibration=kept.calibration,
+            last_scale_decision=kept.last_scale_decision, conditions=list(kept.conditions))
+
+    def condition(self, conditions: Sequence[Condition], type_: str, status: ConditionStatus, reason: str,
+                  message: str) -> list[Condition]:
+        return set_condition(conditions, type_, status, reason, message, self.now, self.generation)
+
+
+def desire(world: World, default_prices: Mapping[str, float]) -> Intent:
+    """What the LLMDeployment's objects and status should be, from what was read. Pure."""
+    run = _Pass(world)
+    try:
+        spec = parse_spec(dict(world.body.get("spec") or {}))
+        config = read_config_json(world.config_map, run.owner.namespace, spec)
+        inputs, plan = plan_cached(spec, config, default_prices)
+    except (InvalidSpecError, CatalogError) as exc:
+        return _invalid(run, str(exc))
+    if not plan.feasible or plan.chosen is None:
+        return _infeasible(run, plan)
+    return _planned(run, spec, inputs, plan, plan.chosen)
+
+
+def _invalid(run: _Pass, message: str) -> Intent:
+    conditions = run.condition(run.base.conditions, ConditionType.INVALID_SPEC, ConditionStatus.TRUE,
+                               "InvalidSpec", message)
+    conditions = run.condition(conditions, ConditionType.PLANNED, ConditionStatus.FALSE, "InvalidSpec",
+                               "Not planned: the spec is invalid; see the InvalidSpec condition.")
+    conditions = run.condition(conditions, ConditionType.READY, ConditionStatus.FALSE, "InvalidSpec",
+                               "The current spec is not served: it is invalid. An existing Deployment keeps "
+                               "running the last valid plan.")
+    status = run.base.model_copy(update={"conditions": _only(conditions, _INVALID)})
+    events = []
+    if condition_changed(run.previous, status, ConditionType.INVALID_SPEC):
+        events.append(EventRecord("Warning", EventReason.INVALID_SPEC.value, f"{message}. Fix the spec and re-apply."))
+    return Intent(status=status, events=tuple(events))
+
+
+def _plan_conditions(run: _Pass, plan: Plan) -> list[Condition]:
+    conditions = run.condition(run.base.conditions, ConditionType.INVALID_SPEC, ConditionStatus.FALSE,
+                               "SpecValid", "The spec is valid.")
+    return plan_conditions(plan, conditions, run.now, run.generation)
+
+
+def _infeasible(run: _Pass, plan: Plan) -> Intent:
+    """No configuration meets the SLOs: an existing Deployment is left as it is (the last good plan
+    keeps serving), and nothing of the old plan's predictions stays in status."""
+    conditions = run.condition(_plan_conditions(run, plan), ConditionType.READY, ConditionStatus.FALSE,
+                               "NoFeasiblePlan", "No configuration meets the SLOs; see the Infeasible condition.")
+    status = run.base.model_copy(update={"plan": build_plan_status(plan),
+                                         "conditions": _only(conditions, _INFEASIBLE)})
+    events = []
+    if condition_changed(run.previous, status, ConditionType.INFEASIBLE):
+        events.append(EventRecord("Warning", EventReason.INFEASIBLE.value,
+                                  plan.explanation + " Relax the SLO, add GPU types or lower the workload."))
+    return Intent(status=status, events=tuple(events))
+
+
+def _gpu_of(inputs: PlanInputs, chosen: Candidate) -> GpuSpec:
+    return next(g for g in inputs.gpus if g.name == chosen.gpu_type)
+
+
+def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan, chosen: Candidate) -> Intent:
+    previous, world, owner = run.previous, run.world, run.owner
+    gpu = _gpu_of(inputs, chosen)
+    metrics_kept = spec.scaling.mode != ScalingMode.OFF  # Off: no metrics are fetched, none are shown
+    kept = previous if previous is not None and metrics_kept else LLMDeploymentStatus()
+    predicted = build_predicted_status(plan)
+    ttft_ms, tpot_ms = headline_latencies_ms(kept.observed, predicted)
+    replicas = decide_replicas(spec, chosen, run.owned, previous, run.generation)
+    status = run.base.model_copy(update={
+        "plan": build_plan_status(plan), "predicted": predicted, "observed": kept.observed,
+        "slo_met": kept.slo_met, "ttft_p95_ms": ttft_ms, "tpot_p95_ms": tpot_ms,
+        "conditions": _plan_conditions(run, plan)})
+    events: list[EventRecord] = []
+    decision, scale_reason = None, None
+    settled = run.owned is not None and previous is not None and previous.observed_generation == run.generation
+    if world.scaling is not None and metrics_kept and settled:
+        pods = world.scaling.bound_pods
+        free = None if pods is None else count_free_replica_slots(world.nodes, pods, gpu, chosen.tensor_parallel)
+        result = autoscale(spec, chosen_setup(inputs, chosen), chosen, status, previous, replicas,
+                           status.ready_replicas, free, world.scaling, run.now)
+        status, replicas, decision = result.status, result.replicas, result.decision
+        scale_reason = decision.reason
+        events += _flip_event(previous, status, ConditionType.METRICS_UNAVAILABLE,
+                              EventReason.METRICS_UNAVAILABLE, EventReason.METRICS_AVAILABLE)
+        recommended = status.last_scale_decision
+        if spec.scaling.mode == ScalingMode.RECOMMEND and recommended is not None and (
+                previous is None or previous.last_scale_decision != recommended):
+            events.append(EventRecord("Normal", EventReason.SCALE_RECOMMENDED.value, recommended.reason))
+    evaluated = _PLANNED | ({ConditionType.METRICS_UNAVAILABLE} if metrics_kept else set())
+    if previous is None or previous.plan != status.plan:
+        events.append(EventRecord("Normal", EventReason.PLANNED.value, plan.explanation))
+    if run.foreign:
+        return _name_conflict(run, status, evaluated - {ConditionType.INSUFFICIENT_CAPACITY}, replicas, events,
+                              decision)
+    desired = build_deployment(owner, spec, chosen, replicas, gpu=gpu, native_precision=inputs.arch.native_precision)
+    writes = [w for w in (_deployment_write(owner, desired, run.owned, replicas, scale_reason),
+                          _service_write(owner, build_service(owner, spec), world.service)) if w is not None]
+    conditions = _capacity_and_ready(run, status.conditions, gpu, chosen, replicas, status.ready_replicas)
+    status = status.model_copy(update={"desired_replicas": replicas, "conditions": _only(conditions, evaluated)})
+    events += _flip_event(previous, status, ConditionType.INSUFFICIENT_CAPACITY,
+                          EventReason.INSUFFICIENT_CAPACITY, EventReason.CAPACITY_AVAILABLE)
+    return Intent(status=status, writes=tuple(writes), events=tuple(events), decision=decision, tracks_writes=True)
+
+
+def _name_conflict(run: _Pass, status: LLMDeploymentStatus, evaluated: Collection[str], replicas: int,
+                   events: list[EventRecord], decision: ScaleDecision | None) -> Intent:
+    owner = run.owner
+    message = (f"Deployment {owner.namespace}/{owner.name} exists and is not owned by this LLMDeployment; "
+               "kvscale leaves it alone. Rename the LLMDeployment or remove that Deployment.")
+    ready = find_condition(run.previous.conditions, ConditionType.READY) if run.previous else None
+    if ready is None or ready.reason != "NameConflict":
+        events.append(EventRecord("Warning", EventReason.NAME_CONFLICT.value, message))
+    conditions = run.condition(status.conditions, ConditionType.READY, ConditionStatus.FALSE, "NameConflict", message)
+    status = status.model_copy(update={"desired_replicas": replicas, "conditions": _only(conditions, evaluated)})
+    return Intent(status=status, events=tuple(events), decision=decision)
+
+
+def _capacity_and_ready(run: _Pass, conditions: Sequence[Condition], gpu: GpuSpec, chosen: Candidate,
+                        replicas: int, ready: int) -> list[Condition]:
+    tp = chosen.tensor_parallel
+    capacity = count_gpu_capacity(run.world.nodes, gpu, tp)
+    if capacity.replica_slots < replicas:
+        conditions = run.condition(
+            conditions, ConditionType.INSUFFICIENT_CAPACITY, ConditionStatus.TRUE, "NotEnoughGpus",
+            f"The plan needs {replicas} x {tp} {gpu.name} ({replicas * tp} GPUs, {tp} per node); the cluster's "
+            f"Ready nodes labelled {gpu.product_label} have {capacity.gpus} allocatable on {capacity.nodes} "
+            f"node(s), room for {capacity.replica_slots} replica(s). Add nodes or lower maxReplicas / the workload.")
+    else:
+        conditions = run.condition(
+            conditions, ConditionType.INSUFFICIENT_CAPACITY, ConditionStatus.FALSE, "EnoughGpus",
+            f"{capacity.gpus} allocatable {gpu.name} GPUs hold {capacity.replica_slots} replica(s) of "
+            f"TP{tp}; the plan needs {replicas}.")
+    if ready >= replicas and replicas > 0:
+        return run.condition(conditions, ConditionType.READY, ConditionStatus.TRUE, "ReplicasReady",
+                             f"{ready}/{replicas} replicas ready.")
+    return run.condition(conditions, ConditionType.READY, ConditionStatus.FALSE, "ReplicasNotReady",
+                         f"{ready}/{replicas} replicas ready.")
+
+
+def _args(deployment: Mapping[str, Any]) -> str:
+    return " ".join(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def _template_hash(deployment: Mapping[str, Any]) -> str | None:
+    template = (deployment.get("spec") or {}).get("template") or {}
+    value = ((template.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+    return str(value) if value is not None else None
+
+
+def _deployment_write(owner: Owner, desired: dict[str, Any], live: Mapping[str, Any] | None, replicas: int,
+                      scale_reason: str | None) -> ObjectWrite | None:
+    if live is None:
+        return ObjectWrite(WriteKind.DEPLOYMENT, "create", desired, (EventRecord(
+            "Normal", EventReason.DEPLOYMENT_CREATED.value,
+            f"Created Deployment {owner.name} with {replicas} replica(s): {_args(desired)}"),))
+    events = []
+    action = None
+    if template_drifted(desired, live):
+        action = "update"
+        if _template_hash(live) == _template_hash(desired):
+            events.append(EventRecord("Warning", EventReason.DRIFT_CORRECTED.value,
+                                      f"Deployment {owner.name} was edited outside kvscale; its pod template was put "
+                                      "back. Change the LLMDeployment instead."))
+        else:
+            events.append(EventRecord("Normal", EventReason.DEPLOYMENT_UPDATED.value,
+                                      f"Rolling Deployment {owner.name} to the new plan: {_args(desired)}"))
+    live_replicas = (live.get("spec") or {}).get("replicas")
+    if int(live_replicas or 0) != replicas:
+        action = action or "scale"
+        events.append(EventRecord("Normal", EventReason.SCALED.value,
+                                  scale_reason or f"Replicas {live_replicas} -> {replicas}."))
+    if action is None:
+        return None
+    return ObjectWrite(WriteKind.DEPLOYMENT, action, desired, tuple(events))
+
+
+def _service_write(owner: Owner, desired: dict[str, Any], live: Mapping[str, Any] | None) -> ObjectWrite | None:
+    if live is None:
+        return ObjectWrite(WriteKind.SERVICE, "create", desired, (EventRecord(
+            "Normal", EventReason.SERVICE_CREATED.value, f"Created Service {owner.name}:8000."),))
+    if not is_owned_by(live, owner.uid):
+        return None  # someone else's Service of that name: never touched
+    live_spec = live.get("spec") or {}
+    if (is_subset(desired["spec"]["selector"], live_spec.get("selector", {}))
+            and is_subset(desired["spec"]["ports"], live_spec.get("ports", []))
+            and is_subset(desired["metadata"]["labels"], (live.get("metadata") or {}).get("labels", {}))):
+        return None
+    return ObjectWrite(WriteKind.SERVICE, "update", desired, (EventRecord(
+        "Warning", EventReason.DRIFT_CORRECTED.value,
+        f"Service {owner.name} was edited outside kvscale; its selector and ports were put back."),))
+
+
+# --- after the writes ----------------------------------------------------------------------------
+
+def fix_hint(failure: WriteFailure) -> str:
+    """What a person can do about a refused write, by the API server's answer."""
+    code, text = failure.status_code, failure.message.lower()
+    if code == 403 and "quota" in text:
+        return "Raise the namespace's ResourceQuota or lower maxReplicas."
+    if code in (401, 403):
+        return (f"Grant kvscale's ServiceAccount create/patch on {failure.kind}s in this namespace "
+                "(the Helm chart's ClusterRole does).")
+    if code in (400, 422):
+        return ("The API server rejected the object built from the spec: check spec.serving (image, extraArgs, "
+                "env, resources, nodeSelector, tolerations).")
+    if code == 404:
+        return "The namespace or API is gone; kvscale retries with back-off."
+    return ("The API server could not complete the write (see its message: a full Service IP range, an "
+            "admission webhook, etcd); kvscale retries with back-off.")
+
+
+def settle(intent: Intent, world: World, failures: Sequence[WriteFailure]) -> Intent:
+    """The Intent with the WriteFailed condition (and its Event) for the writes that were refused."""
+    if not intent.tracks_writes:
+        return intent
+    run = _Pass(world)
+    refused = [f for f in failures if f.kind != WriteKind.STATUS]
+    if refused:
+        first = refused[0]
+        message = "; ".join(f"{f.action} {f.kind} {run.owner.namespace}/{run.owner.name} failed: {f.message}"
+                            for f in refused) + ". " + fix_hint(first)
+        found = run.condition(run.base.conditions, ConditionType.WRITE_FAILED, ConditionStatus.TRUE,
+                              f"{first.kind}WriteFailed", message)
+    else:
+        found = run.condition(run.base.conditions, ConditionType.WRITE_FAILED, ConditionStatus.FALSE,
+                              "WritesSucceeded", "The owned Deployment and Service match the plan.")
+    condition = find_condition(found, ConditionType.WRITE_FAILED)
+    assert condition is not None
+    types = {c.type for c in intent.status.conditions} | {ConditionType.WRITE_FAILED}
+    status = intent.status.model_copy(update={"conditions": _only([*intent.status.conditions, condition], types)})
+    events = _flip_event(run.previous, status, ConditionType.WRITE_FAILED, EventReason.WRITE_FAILED,
+                         EventReason.WRITES_RECOVERED)
+    return Intent(status=status, writes=intent.writes, events=(*intent.events, *events), decision=intent.decision,
+                  tracks_writes=True)

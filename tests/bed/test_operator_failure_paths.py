@@ -1,0 +1,155 @@
+"""The operator's failure paths on the real bed (issue 19): state changes leave nothing stale, and a
+write the API server refuses leaves the rest of the pass done and visible.
+
+Each test runs its own operator watching only its namespace, so the operator's counters (passes,
+refused writes) and its log are the test's alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from bedkit import Kube, wait_until
+from operator_harness import (
+    RunningOperator,
+    condition,
+    events,
+    get,
+    install_crd,
+    load_document,
+    running_operator,
+    wait_condition,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama-3.1-70b-h100.yaml"
+NAME = "llama-70b"
+SCAN_INTERVAL_S = 2.0
+
+
+@pytest.fixture
+def operator(kube: Kube, namespace: str) -> Iterator[RunningOperator]:
+    install_crd(kube)
+    with running_operator(kube, scan_interval_s=SCAN_INTERVAL_S, namespaces=(namespace,)) as running:
+        yield running
+
+
+def apply(kube: Kube, namespace: str, document: dict[str, Any]) -> None:
+    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(document))
+    assert result.returncode == 0, result.stderr
+
+
+def resync_passes(operator: RunningOperator, count: int) -> None:
+    """Wait until `count` more resync passes have completed (each reconciles every resource)."""
+    target = operator.state.resyncs + count
+    wait_until(lambda: operator.state.resyncs >= target, count * SCAN_INTERVAL_S * 10 + 30,
+               f"{count} resync passes")
+
+
+def settled(kube: Kube, namespace: str, operator: RunningOperator) -> dict[str, str]:
+    """Wait until the resource, its Deployment and Service keep their resourceVersion over three resync
+    passes (the operator writes nothing any more); return those versions."""
+    def versions() -> dict[str, str]:
+        found = {}
+        for kind in ("llmd", "deployment", "service"):
+            obj = get(kube, kind, namespace, NAME)
+            assert obj is not None, kind
+            found[kind] = obj["metadata"]["resourceVersion"]
+        return found
+
+    def quiet() -> dict[str, str] | None:
+        before = versions()
+        resync_passes(operator, 3)
+        return before if versions() == before else None
+
+    found: dict[str, str] = wait_until(quiet, 120, "three resync passes that change nothing", interval=0)
+    return found
+
+
+STALE_WHEN_INFEASIBLE = ("predicted", "desiredReplicas", "ttftP95Ms", "tpotP95Ms", "observed", "sloMet")
+
+
+def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespace: str,
+                                                            operator: RunningOperator) -> None:
+    apply(kube, namespace, load_document(EXAMPLE))
+    planned = wait_condition(kube, namespace, NAME, "Planned", "True")
+    assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(planned["status"])
+    settled(kube, namespace, operator)
+
+    apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 1}))
+    infeasible = wait_condition(kube, namespace, NAME, "Infeasible", "True")
+    status = infeasible["status"]
+    assert status["observedGeneration"] == infeasible["metadata"]["generation"]
+    assert [k for k in STALE_WHEN_INFEASIBLE if k in status] == [], status
+    assert status["plan"]["feasible"] is False and "gpuType" not in status["plan"], status["plan"]
+    assert {c["type"] for c in status["conditions"]} == {"Planned", "Ready", "Infeasible", "InvalidSpec"}
+    assert condition(infeasible, "Ready")["reason"] == "NoFeasiblePlan"
+    deployment = get(kube, "deployment", namespace, NAME)
+    assert deployment is not None  # the last good plan keeps serving
+    assert status["replicas"] == deployment["spec"]["replicas"]
+    versions = settled(kube, namespace, operator)
+    assert versions["deployment"] == deployment["metadata"]["resourceVersion"]
+
+    apply(kube, namespace, load_document(EXAMPLE))
+    again = wait_until(lambda: (o := get(kube, "llmd", namespace, NAME)) and condition(o, "Planned")["status"] == "True"
+                       and o["status"]["observedGeneration"] == o["metadata"]["generation"] and o,
+                       60, "Planned again for the new generation")
+    assert condition(again, "Infeasible")["status"] == "False"
+    assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(again["status"])
+    assert again["status"]["plan"]["gpuType"] == "H100-SXM"
+    settled(kube, namespace, operator)
+    reasons = [e["reason"] for e in events(kube, namespace, NAME)]
+    assert reasons.count("Infeasible") == 1, reasons
+
+
+def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
+        kube: Kube, namespace: str, operator: RunningOperator, caplog: pytest.LogCaptureFixture) -> None:
+    """Injected with a real ResourceQuota that allows no Service in the namespace (the API server
+    answers 403 "exceeded quota"): the fault of a full Service IP range, a quota or an admission
+    webhook alike."""
+    caplog.set_level(logging.WARNING, logger="kvscale.operator")
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-services"},
+             "spec": {"hard": {"services": "0"}}}
+    apply(kube, namespace, quota)
+    wait_until(lambda: (q := get(kube, "resourcequota", namespace, "no-services")) and q.get("status", {}).get("hard"),
+               60, "the quota's status (the quota controller)")
+
+    apply(kube, namespace, load_document(EXAMPLE))
+    refused = wait_condition(kube, namespace, NAME, "WriteFailed", "True")
+    message = condition(refused, "WriteFailed")["message"]
+    assert condition(refused, "WriteFailed")["reason"] == "ServiceWriteFailed"
+    assert "apply Service" not in message and "create Service" in message and "exceeded quota" in message, message
+    assert "ResourceQuota" in message, message  # what to fix
+    # The rest of the pass is done and visible: the plan, the predictions, the Deployment.
+    assert condition(refused, "Planned")["status"] == "True"
+    assert refused["status"]["plan"]["gpuType"] == "H100-SXM" and "predicted" in refused["status"]
+    assert wait_until(lambda: get(kube, "deployment", namespace, NAME), 30, "the Deployment")
+    assert get(kube, "service", namespace, NAME) is None
+    told = [e for e in events(kube, namespace, NAME) if e["reason"] == "WriteFailed"]
+    assert len(told) == 1 and "ResourceQuota" in told[0]["message"], told
+
+    # Back-off: over ~30 s of passes the Service is tried a handful of times, not once per pass; the
+    # status is not rewritten, and the log says it once.
+    passes, tries = operator.state.resyncs, operator.state.refused_writes
+    version = get(kube, "llmd", namespace, NAME)["metadata"]["resourceVersion"]  # type: ignore[index]
+    started = time.monotonic()
+    wait_until(lambda: time.monotonic() - started >= 30, 60, "30 s of resync passes", interval=1.0)
+    passes, tries = operator.state.resyncs - passes, operator.state.refused_writes - tries
+    assert passes >= 8, passes
+    assert 1 <= tries <= 4, f"{tries} refused tries in {passes} passes: no back-off"
+    assert get(kube, "llmd", namespace, NAME)["metadata"]["resourceVersion"] == version  # type: ignore[index]
+    logged = [r.getMessage() for r in caplog.records if f"{namespace}/{NAME}" in r.getMessage()]
+    assert len(logged) == 1 and "exceeded quota" in logged[0], logged
+
+    kube.kubectl("delete", "resourcequota", "no-services", "-n", namespace, check=True)
+    recovered = wait_condition(kube, namespace, NAME, "WriteFailed", "False", timeout=120)
+    assert condition(recovered, "WriteFailed")["reason"] == "WritesSucceeded"
+    assert get(kube, "service", namespace, NAME) is not None
+    assert "WritesRecovered" in {e["reason"] for e in events(kube, namespace, NAME)}
+    settled(kube, namespace, operator)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 
@@ -26,7 +27,25 @@ def parse_gpu_prices(items: list[str]) -> dict[str, float]:
     return prices
 
 
+# glibc gives every thread that allocates its own malloc arena (up to 8 per core); the operator's
+# handler threads each churn through API bodies, so the arenas' free space inflates RSS. With 16
+# handler threads, two arenas cut the peak RSS at 1,000 resources from 281 MiB to 206-213 MiB
+# (benchmarks/operator_scale.py --count 1000; docs/operator.md).
+MALLOC_ARENAS = 2
+M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas before any thread starts; False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_ARENA_MAX, arenas))
+    except (OSError, AttributeError):
+        return False
+
+
 def run_operator_command(args: argparse.Namespace) -> int:
+    limit_malloc_arenas()
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     if args.scan_interval <= 0:

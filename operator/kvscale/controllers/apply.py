@@ -80,6 +80,7 @@ class Writer:
         self.refused: list[WriteFailure] = []  # tried and refused in this pass
         self.conflicts: list[str] = []
         self.emitted: list[EventRecord] = []
+        self.status_version: str | None = None
 
     def emit(self, event: EventRecord) -> None:
         self.emitted.append(event)
@@ -127,8 +128,8 @@ class Writer:
             self.failures.append(held)
             return False
         try:
-            self.cluster.patch_llmdeployment_status(meta["namespace"], meta["name"], body,
-                                                    resource_version=meta.get("resourceVersion"))
+            written = self.cluster.patch_llmdeployment_status(meta["namespace"], meta["name"], body,
+                                                              resource_version=meta.get("resourceVersion"))
         except KubeApiError as exc:
             if exc.conflict:
                 raise  # the resource changed since it was read: the caller reads it again and re-runs
@@ -143,6 +144,7 @@ class Writer:
             return False
         self.backoff = self.backoff.record(WriteKind.STATUS, body_print, None, self.now_s)
         self.written.append("patch status")
+        self.status_version = (written.get("metadata") or {}).get("resourceVersion")
         return True
 
 
@@ -165,6 +167,6 @@ def apply_intent(cluster: Cluster, world: World, intent: Intent, backoff: Backof
         stale = True
     report = PassReport(written=tuple(writer.written), failures=tuple(writer.failures),
                         refused=tuple(writer.refused), conflicts=tuple(writer.conflicts),
-                        events=tuple(writer.emitted))
+                        events=tuple(writer.emitted), status_version=writer.status_version)
     return Applied(intent=settled, report=report, backoff=writer.backoff, stale=stale)
 

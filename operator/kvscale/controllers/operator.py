@@ -39,7 +39,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "kvscale"}
 LIVENESS_INTERVALS = 3
 LIVENESS_MIN_STALL_S = 60.0
 # Handlers are I/O-bound (API calls); kopf's default pool (CPUs + 4) starves a burst of resources.
-HANDLER_WORKERS = 16
+HANDLER_WORKERS = 8
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class OperatorState:
     histories: dict[tuple[str, str], ScalingHistory] = field(default_factory=dict)
     backoffs: dict[tuple[str, str], Backoff] = field(default_factory=dict)
     problems: dict[tuple[str, str], str] = field(default_factory=dict)  # what was last logged, per resource
+    own_versions: dict[tuple[str, str], str] = field(default_factory=dict)  # after kvscale's last status write
     locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
     reconciles: int = 0
@@ -115,6 +116,8 @@ class OperatorState:
             self.telemetry.reconciles.labels(result="refused" if outcome.failures else "ok").inc()
             for write in outcome.writes:
                 self.telemetry.writes.labels(kind=write).inc()
+            if outcome.status_version is not None:
+                self.own_versions[key] = outcome.status_version
             if outcome.backoff.refusals:
                 self.backoffs[key] = outcome.backoff
             else:
@@ -145,6 +148,11 @@ class OperatorState:
         self.histories.pop(key, None)
         self.backoffs.pop(key, None)
         self.problems.pop(key, None)
+        self.own_versions.pop(key, None)
+
+    def is_own_write(self, namespace: str, name: str, resource_version: str | None) -> bool:
+        """Whether a watch event only echoes kvscale's own status write (nothing else changed since)."""
+        return resource_version is not None and self.own_versions.get((namespace, name)) == resource_version
 
     def _record(self, namespace: str, name: str, outcome: Outcome) -> None:
         status = outcome.status
@@ -256,7 +264,8 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.execution.max_workers = HANDLER_WORKERS
-        state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig)
+        # One connection per handler thread and one for the resync loop.
+        state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig, HANDLER_WORKERS + 1)
         if config.prometheus_url:
             state.metrics = PrometheusSource(config.prometheus_url)
         if config.metrics_port is not None:
@@ -281,9 +290,12 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
             task.cancel()
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
-    def on_llmdeployment(type: str, namespace: str | None, name: str, **_: Any) -> None:
-        if type != "DELETED" and namespace:
-            state.reconcile(namespace, name)
+    def on_llmdeployment(type: str, namespace: str | None, name: str, meta: kopf.Meta, **_: Any) -> None:
+        if type == "DELETED" or not namespace:
+            return
+        if state.is_own_write(namespace, name, meta.get("resourceVersion")):
+            return  # the echo of kvscale's own status write: the pass that wrote it saw this state
+        state.reconcile(namespace, name)
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY, registry=registry)
     def on_owned_deployment(body: kopf.Body, namespace: str | None, **_: Any) -> None:
@@ -291,8 +303,10 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
         if owner is not None and namespace:  # drift, readiness and deletion of what kvscale owns
             state.reconcile(namespace, owner)
 
+    # Async: it runs on the event loop, never queued behind busy reconcile threads, so a loaded
+    # operator still answers its probe in time.
     @kopf.on.probe(id="reconciles", registry=registry)
-    def probe_reconciles(**_: Any) -> dict[str, Any]:
+    async def probe_reconciles(**_: Any) -> dict[str, Any]:
         try:
             return state.liveness(time.monotonic())
         except StalledError as exc:  # a permanent error: kopf answers the probe with HTTP 500

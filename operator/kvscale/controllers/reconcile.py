@@ -38,6 +38,7 @@ class Outcome:
     decision: ScaleDecision | None = None  # the autoscaler's answer, when this pass scaled
     backoff: Backoff = field(default_factory=Backoff)  # refused writes still to retry
     reruns: int = 0  # passes run again because the resource changed under the status write
+    status_version: str | None = None  # the resource's resourceVersion after this pass's status write
 
 
 class Reconciler:
@@ -64,6 +65,7 @@ class Reconciler:
             outcome.failures = list(report.failures)
             outcome.refused += report.refused
             outcome.conflicts += report.conflicts
+            outcome.status_version = report.status_version or outcome.status_version
             outcome.status, outcome.decision, outcome.backoff = applied.intent.status, intent.decision, applied.backoff
             if not applied.stale or attempt == RERUNS_ON_CONFLICT:
                 break  # a status still stale after the rerun waits for the next trigger (the change's own event)

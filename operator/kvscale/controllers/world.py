@@ -80,3 +80,4 @@ class PassReport:
     refused: tuple[WriteFailure, ...] = ()  # the writes the API server refused in this pass
     conflicts: tuple[str, ...] = ()  # field-manager conflicts that were forced
     events: tuple[EventRecord, ...] = ()  # the Events emitted
+    status_version: str | None = None  # the resourceVersion the status write produced, when it wrote

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from kubernetes import config, dynamic
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import kube_config
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
@@ -29,6 +31,8 @@ MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "kvscale"
 # Every call gets a deadline: a hung API server (etcd gone, say) must fail a pass, not stall it forever.
 REQUEST_TIMEOUT_S = 30.0
+NODES_MAX_AGE_S = 5.0
+DEFAULT_CONNECTIONS = 10  # the official client's default pool: 5 per CPU here
 T = TypeVar("T")
 
 
@@ -101,18 +105,27 @@ class Cluster:
         self._config_maps = self._dynamic.resources.get(api_version="v1", kind="ConfigMap")
         self._events = self._dynamic.resources.get(api_version="v1", kind="Event")
         self._llmds = self._dynamic.resources.get(api_version=f"{API_GROUP}/{API_VERSION}", kind=KIND)
+        self._nodes_read: tuple[float, list[dict[str, Any]]] | None = None
+        self._nodes_lock = threading.Lock()
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None = None) -> Cluster:
-        """A client from a kubeconfig file, or the in-cluster service account when none is given."""
+    def from_kubeconfig(cls, path: str | None = None, connections: int = DEFAULT_CONNECTIONS) -> Cluster:
+        """A client from a kubeconfig file, or the in-cluster service account when none is given.
+
+        `connections`: the HTTP connections kept open to the API server; at least as many as the threads
+        that call it at once, or each burst discards and re-opens TLS connections.
+        """
+        configuration = Configuration()
+        configuration.connection_pool_maxsize = connections
         try:
             if path is None:
                 try:
-                    config.load_incluster_config()
-                    return cls(ApiClient())
+                    config.load_incluster_config(client_configuration=configuration)
+                    return cls(ApiClient(configuration))
                 except config.ConfigException:
                     pass
-            return cls(config.new_client_from_config(config_file=path))
+            config.load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
+            return cls(ApiClient(configuration))
         except (config.ConfigException, OSError) as exc:
             raise KubeApiError(f"cannot load Kubernetes credentials: {exc}") from exc
 
@@ -153,7 +166,13 @@ class Cluster:
         return self._get(self._config_maps, namespace, name)
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        return self._list("list nodes", self._nodes)
+        """The nodes, read at most every NODES_MAX_AGE_S: every reconcile counts capacity, and nodes
+        change far less often than a burst of resources is reconciled."""
+        with self._nodes_lock:
+            now_s = time.monotonic()
+            if self._nodes_read is None or now_s - self._nodes_read[0] > NODES_MAX_AGE_S:
+                self._nodes_read = (now_s, self._list("list nodes", self._nodes))
+            return self._nodes_read[1]
 
     def list_bound_pods(self) -> list[dict[str, Any]]:
         """Every pod bound to a node and not finished, in all namespaces (for free-GPU counting)."""

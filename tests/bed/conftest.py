@@ -7,8 +7,9 @@ attached to the report, because the cause is often in a component, not in the te
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.bed)
+
+
+@pytest.fixture
+def operator_in_namespace(kube: Any, namespace: str) -> Iterator[Any]:
+    """The operator in-process, watching only the test's namespace (its counters are the test's own),
+    resyncing every 2 s."""
+    from operator_harness import install_crd, running_operator
+
+    install_crd(kube)
+    with running_operator(kube, scan_interval_s=2.0, namespaces=(namespace,)) as running:
+        yield running
 
 
 def _log_tails() -> str:

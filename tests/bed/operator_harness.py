@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +41,10 @@ def running_operator(kube: Kube, scan_interval_s: float = 2.0, namespaces: tuple
 
     os.environ["KUBECONFIG"] = str(kube.kubeconfig)  # kopf's own login reads it
     kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kube.kubeconfig)  # read at import time otherwise
+    options: dict[str, Any] = {} if liveness_stall_s is None else {"liveness_stall_s": liveness_stall_s}
     registry, state = build_registry(OperatorConfig(namespaces=namespaces, scan_interval_s=scan_interval_s,
                                                     kubeconfig=str(kube.kubeconfig),
-                                                    prometheus_url=prometheus_url,
-                                                    liveness_stall_s=liveness_stall_s))
+                                                    prometheus_url=prometheus_url, **options))
     stop, ready = threading.Event(), threading.Event()
 
     def serve() -> None:
@@ -61,6 +61,39 @@ def running_operator(kube: Kube, scan_interval_s: float = 2.0, namespaces: tuple
     finally:
         stop.set()
         thread.join(30)
+
+
+def apply(kube: Kube, namespace: str, document: Mapping[str, Any] | str) -> None:
+    """`kubectl apply` of one resource (a dict or YAML text) into `namespace`."""
+    import yaml
+
+    text = document if isinstance(document, str) else yaml.safe_dump(dict(document))
+    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=text)
+    assert result.returncode == 0, result.stderr
+
+
+def resource_versions(kube: Kube, namespace: str, names: list[str]) -> dict[str, str]:
+    """resourceVersion of each resource, its Deployment and its Service."""
+    found = {}
+    for name in names:
+        for kind in ("llmd", "deployment", "service"):
+            obj = get(kube, kind, namespace, name)
+            assert obj is not None, f"{kind}/{name}"
+            found[f"{kind}/{name}"] = obj["metadata"]["resourceVersion"]
+    return found
+
+
+def wait_quiet(kube: Kube, namespace: str, names: list[str], passes: Callable[[], int],
+               timeout: float = 240) -> dict[str, str]:
+    """Wait until three resync passes (`passes()` counts them) change no resourceVersion of the
+    resources, their Deployments and Services (the operator writes nothing); return the versions."""
+    def quiet() -> dict[str, str] | None:
+        before, start = resource_versions(kube, namespace, names), passes()
+        wait_until(lambda: passes() >= start + 3, 120, "three resync passes")
+        return before if resource_versions(kube, namespace, names) == before else None
+
+    found: dict[str, str] = wait_until(quiet, timeout, "three resync passes that write nothing", interval=0)
+    return found
 
 
 def get(kube: Kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

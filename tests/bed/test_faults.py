@@ -24,16 +24,15 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from bedctl import BED_APISERVER, BED_ETCD
 from bedkit import STATE_DIR, Kube, free_port, wait_until
 from operator_harness import (
     RunningOperator,
+    apply,
     condition,
     container_args,
     events,
@@ -41,7 +40,7 @@ from operator_harness import (
     get,
     install_crd,
     load_document,
-    running_operator,
+    wait_quiet,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +48,6 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 EXAMPLE = ROOT / "examples" / "llama-3.1-70b-h100.yaml"
 NAME = "llama-70b"
 SCAN_INTERVAL_S = 2.0
-
-
-def apply(kube: Kube, namespace: str, document: dict[str, Any]) -> None:
-    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(document))
-    assert result.returncode == 0, result.stderr
 
 
 def converged(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
@@ -72,36 +66,9 @@ def converged(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     return obj if ok else None
 
 
-def versions(kube: Kube, namespace: str, names: list[str]) -> dict[str, str]:
-    found = {}
-    for name in names:
-        for kind in ("llmd", "deployment", "service"):
-            obj = get(kube, kind, namespace, name)
-            assert obj is not None, f"{kind}/{name}"
-            found[f"{kind}/{name}"] = obj["metadata"]["resourceVersion"]
-    return found
-
-
-def quiet_for(kube: Kube, namespace: str, names: list[str], passes: Any) -> dict[str, str]:
-    """Wait until three resync passes (`passes()` counts them) change no resourceVersion of the
-    resources, their Deployments and Services."""
-    def quiet() -> dict[str, str] | None:
-        before, start = versions(kube, namespace, names), passes()
-        wait_until(lambda: passes() >= start + 3, 120, "three resync passes")
-        return before if versions(kube, namespace, names) == before else None
-
-    found: dict[str, str] = wait_until(quiet, 240, "three resync passes that write nothing", interval=0)
-    return found
-
-
-@pytest.fixture
-def operator(kube: Kube, namespace: str) -> Iterator[RunningOperator]:
-    install_crd(kube)
-    with running_operator(kube, scan_interval_s=SCAN_INTERVAL_S, namespaces=(namespace,)) as running:
-        yield running
-
-
-def test_apiserver_restarted_mid_reconcile(kube: Kube, namespace: str, operator: RunningOperator) -> None:
+def test_apiserver_restarted_mid_reconcile(kube: Kube, namespace: str,
+                                           operator_in_namespace: RunningOperator) -> None:
+    operator = operator_in_namespace
     documents = [load_document(path) for path in EXAMPLES]
     names = [d["metadata"]["name"] for d in documents]
     result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(documents))
@@ -134,11 +101,13 @@ def test_apiserver_restarted_mid_reconcile(kube: Kube, namespace: str, operator:
         assert reasons.count("DeploymentCreated") <= 1 and reasons.count("ServiceCreated") <= 1, reasons
     deployments = json.loads(kube.kubectl("get", "deployments", "-n", namespace, "-o", "json", check=True).stdout)
     assert sorted(d["metadata"]["name"] for d in deployments["items"]) == sorted(names)
-    quiet_for(kube, namespace, names, lambda: operator.state.resyncs)
+    wait_quiet(kube, namespace, names, lambda: operator.state.resyncs)
     assert operator.thread.is_alive()
 
 
-def test_etcd_stopped_for_seconds_during_a_spec_change(kube: Kube, namespace: str, operator: RunningOperator) -> None:
+def test_etcd_stopped_for_seconds_during_a_spec_change(kube: Kube, namespace: str,
+                                                       operator_in_namespace: RunningOperator) -> None:
+    operator = operator_in_namespace
     apply(kube, namespace, load_document(EXAMPLE))
     before = wait_until(lambda: converged(kube, namespace, NAME), 120, "the resource to converge")
     old_args = container_args(get(kube, "deployment", namespace, NAME))  # type: ignore[arg-type]
@@ -151,12 +120,13 @@ def test_etcd_stopped_for_seconds_during_a_spec_change(kube: Kube, namespace: st
     args = container_args(get(kube, "deployment", namespace, NAME))  # type: ignore[arg-type]
     assert args != old_args
     assert flag(args, "--max-num-seqs") == str(after["status"]["plan"]["maxNumSeqs"])
-    quiet_for(kube, namespace, [NAME], lambda: operator.state.resyncs)
+    wait_quiet(kube, namespace, [NAME], lambda: operator.state.resyncs)
     assert operator.thread.is_alive()
 
 
 def test_a_second_writer_gets_409s_and_kvscale_values_win(kube: Kube, namespace: str,
-                                                          operator: RunningOperator) -> None:
+                                                          operator_in_namespace: RunningOperator) -> None:
+    operator = operator_in_namespace
     from kubernetes import client
 
     apply(kube, namespace, load_document(EXAMPLE))
@@ -198,7 +168,7 @@ def test_a_second_writer_gets_409s_and_kvscale_values_win(kube: Kube, namespace:
     assert conflicts and "second-writer" in conflicts[0]["message"], conflicts
     assert operator.state.conflicts > 0
     assert operator.state.failures == 0
-    quiet_for(kube, namespace, [NAME], lambda: operator.state.resyncs)
+    wait_quiet(kube, namespace, [NAME], lambda: operator.state.resyncs)
 
 
 class OperatorProcess:
@@ -263,9 +233,9 @@ def test_operator_killed_mid_rollout_converges_and_then_writes_nothing(kube: Kub
         assert flag(container_args(deployment), "--max-num-seqs") == str(after["status"]["plan"]["maxNumSeqs"])
         wait_until(lambda: (d := get(kube, "deployment", namespace, NAME)) and d["status"].get("updatedReplicas")
                    == d["spec"]["replicas"] == d["status"].get("readyReplicas"), 120, "the rollout to complete")
-        quiet_for(kube, namespace, [NAME], lambda: second.report()["resyncs"])
+        wait_quiet(kube, namespace, [NAME], lambda: second.report()["resyncs"])
         writes = second.report()["writes"]
-        quiet_for(kube, namespace, [NAME], lambda: second.report()["resyncs"])
+        wait_quiet(kube, namespace, [NAME], lambda: second.report()["resyncs"])
         assert second.report()["writes"] == writes, "the restarted operator kept writing once converged"
     finally:
         first.stop()

@@ -12,6 +12,7 @@ import yaml
 from bedkit import Kube, wait_until
 from operator_harness import (
     RunningOperator,
+    apply,
     condition,
     container_args,
     events,
@@ -36,12 +37,6 @@ def operator(kube: Kube) -> Iterator[RunningOperator]:
     install_crd(kube)
     with running_operator(kube) as running:
         yield running
-
-
-def apply(kube: Kube, namespace: str, document: dict[str, Any] | str) -> None:
-    text = document if isinstance(document, str) else yaml.safe_dump(document)
-    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=text)
-    assert result.returncode == 0, result.stderr
 
 
 def resource(path: Path, **spec_changes: Any) -> dict[str, Any]:

@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from bedkit import Kube, wait_until
 from operator_harness import (
     RunningOperator,
+    apply,
     condition,
     events,
     get,
-    install_crd,
     load_document,
-    running_operator,
     wait_condition,
+    wait_quiet,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,54 +30,18 @@ NAME = "llama-70b"
 SCAN_INTERVAL_S = 2.0
 
 
-@pytest.fixture
-def operator(kube: Kube, namespace: str) -> Iterator[RunningOperator]:
-    install_crd(kube)
-    with running_operator(kube, scan_interval_s=SCAN_INTERVAL_S, namespaces=(namespace,)) as running:
-        yield running
-
-
-def apply(kube: Kube, namespace: str, document: dict[str, Any]) -> None:
-    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(document))
-    assert result.returncode == 0, result.stderr
-
-
-def resync_passes(operator: RunningOperator, count: int) -> None:
-    """Wait until `count` more resync passes have completed (each reconciles every resource)."""
-    target = operator.state.resyncs + count
-    wait_until(lambda: operator.state.resyncs >= target, count * SCAN_INTERVAL_S * 10 + 30,
-               f"{count} resync passes")
-
-
-def settled(kube: Kube, namespace: str, operator: RunningOperator) -> dict[str, str]:
-    """Wait until the resource, its Deployment and Service keep their resourceVersion over three resync
-    passes (the operator writes nothing any more); return those versions."""
-    def versions() -> dict[str, str]:
-        found = {}
-        for kind in ("llmd", "deployment", "service"):
-            obj = get(kube, kind, namespace, NAME)
-            assert obj is not None, kind
-            found[kind] = obj["metadata"]["resourceVersion"]
-        return found
-
-    def quiet() -> dict[str, str] | None:
-        before = versions()
-        resync_passes(operator, 3)
-        return before if versions() == before else None
-
-    found: dict[str, str] = wait_until(quiet, 120, "three resync passes that change nothing", interval=0)
-    return found
-
-
 STALE_WHEN_INFEASIBLE = ("predicted", "desiredReplicas", "ttftP95Ms", "tpotP95Ms", "observed", "sloMet")
 
 
 def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespace: str,
-                                                            operator: RunningOperator) -> None:
+                                                            operator_in_namespace: RunningOperator) -> None:
+    def settled() -> dict[str, str]:
+        return wait_quiet(kube, namespace, [NAME], lambda: operator_in_namespace.state.resyncs)
+
     apply(kube, namespace, load_document(EXAMPLE))
     planned = wait_condition(kube, namespace, NAME, "Planned", "True")
     assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(planned["status"])
-    settled(kube, namespace, operator)
+    settled()
 
     apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 1}))
     infeasible = wait_condition(kube, namespace, NAME, "Infeasible", "True")
@@ -93,8 +54,8 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
     deployment = get(kube, "deployment", namespace, NAME)
     assert deployment is not None  # the last good plan keeps serving
     assert status["replicas"] == deployment["spec"]["replicas"]
-    versions = settled(kube, namespace, operator)
-    assert versions["deployment"] == deployment["metadata"]["resourceVersion"]
+    versions = settled()
+    assert versions[f"deployment/{NAME}"] == deployment["metadata"]["resourceVersion"]
 
     apply(kube, namespace, load_document(EXAMPLE))
     again = wait_until(lambda: (o := get(kube, "llmd", namespace, NAME)) and condition(o, "Planned")["status"] == "True"
@@ -103,16 +64,17 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
     assert condition(again, "Infeasible")["status"] == "False"
     assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(again["status"])
     assert again["status"]["plan"]["gpuType"] == "H100-SXM"
-    settled(kube, namespace, operator)
+    settled()
     reasons = [e["reason"] for e in events(kube, namespace, NAME)]
     assert reasons.count("Infeasible") == 1, reasons
 
 
 def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
-        kube: Kube, namespace: str, operator: RunningOperator, caplog: pytest.LogCaptureFixture) -> None:
+        kube: Kube, namespace: str, operator_in_namespace: RunningOperator, caplog: pytest.LogCaptureFixture) -> None:
     """Injected with a real ResourceQuota that allows no Service in the namespace (the API server
     answers 403 "exceeded quota"): the fault of a full Service IP range, a quota or an admission
     webhook alike."""
+    operator = operator_in_namespace
     caplog.set_level(logging.WARNING, logger="kvscale.operator")
     quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-services"},
              "spec": {"hard": {"services": "0"}}}
@@ -152,4 +114,4 @@ def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
     assert condition(recovered, "WriteFailed")["reason"] == "WritesSucceeded"
     assert get(kube, "service", namespace, NAME) is not None
     assert "WritesRecovered" in {e["reason"] for e in events(kube, namespace, NAME)}
-    settled(kube, namespace, operator)
+    wait_quiet(kube, namespace, [NAME], lambda: operator.state.resyncs)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from bedkit import Kube, Prometheus, wait_until
 from loadgen import LoadGenerator, Surge, TraceRequest, find_trace, rate_scale_for, read_trace, replay_schedule
+from operator_harness import apply
 from podsim import PodSim
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,12 +71,6 @@ def serving_stack(kube: Kube, prometheus: Prometheus, namespace: str, operator_p
             kube, scan_interval_s=SCAN_INTERVAL_S, namespaces=(namespace,),
             prometheus_url=operator_prometheus_url or prometheus.url, **operator_options) as running:
         yield Stack(kube, prometheus, namespace, sims, read_trace(find_trace()), running)
-
-
-def apply(kube: Kube, namespace: str, document: Mapping[str, Any] | str) -> None:
-    text = document if isinstance(document, str) else yaml.safe_dump(dict(document))
-    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=text)
-    assert result.returncode == 0, result.stderr
 
 
 def running_pods(kube: Kube, namespace: str, llmdeployment: str) -> list[str]:

@@ -287,6 +287,31 @@ def test_foreign_objects_are_never_written() -> None:
     assert desire(world, {}).writes == ()
 
 
+def test_a_planned_status_reports_the_chosen_candidate_and_its_predictions() -> None:
+    _, plan = plan_cached(parse_spec(FEASIBLE), None, {})
+    chosen = plan.chosen
+    assert chosen is not None and chosen.predicted is not None
+    status = SETTLED["ready"]
+    reported = status.plan
+    assert reported is not None and reported.feasible
+    assert (reported.gpu_type, reported.tensor_parallel, reported.max_num_seqs, reported.max_model_len) == (
+        chosen.gpu_type, chosen.tensor_parallel, chosen.max_num_seqs, chosen.max_model_len)
+    assert (reported.replicas, reported.gpus) == (chosen.replicas, chosen.gpus)
+    assert reported.cost_per_hour == pytest.approx(chosen.cost_per_hour, abs=1e-3)
+    assert (reported.binding_constraint, reported.explanation) == (plan.binding_constraint, plan.explanation)
+    assert status.predicted is not None
+    assert status.predicted.ttft_ms == pytest.approx(chosen.predicted.ttft_ms, abs=0.01)
+    assert status.predicted.tpot_ms == pytest.approx(chosen.predicted.tpot_ms, abs=0.001)
+    # Before any metrics the printer columns show the prediction.
+    assert (status.ttft_p95_ms, status.tpot_p95_ms) == (status.predicted.ttft_ms, status.predicted.tpot_ms)
+    planned = find_condition(status.conditions, ConditionType.PLANNED)
+    assert planned is not None and (planned.reason, planned.message) == ("PlanFound", plan.explanation)
+    assert planned.observed_generation == status.observed_generation == 1
+    wire = status_dict(status)
+    assert {"observedGeneration", "desiredReplicas", "ttftP95Ms", "conditions"} <= set(wire)
+    assert wire["plan"]["gpuType"] == "H100-SXM" and "phase" not in wire
+
+
 def test_the_status_write_clears_what_no_longer_applies() -> None:
     """A merge patch removes a field only when it is sent as null: every absent field is sent so."""
     wire = status_dict(SETTLED["infeasible"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -15,7 +14,6 @@ from kvscale.api.conditions import (
     is_condition_true,
     set_condition,
 )
-from kvscale.api.spec import LLMDeploymentSpec, load_resource
 from kvscale.api.status import (
     Condition,
     ConditionStatus,
@@ -23,32 +21,10 @@ from kvscale.api.status import (
     PredictedStatus,
     headline_latencies_ms,
 )
-from kvscale.planner import Plan, build_plan_inputs, plan_deployment
 
-ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
 T2 = T0 + timedelta(minutes=10)
-
-
-@pytest.fixture(scope="module")
-def spec() -> LLMDeploymentSpec:
-    return load_resource(ROOT / "examples" / "llama-3.1-70b-h100.yaml").spec
-
-
-@pytest.fixture(scope="module")
-def feasible_plan(spec: LLMDeploymentSpec) -> Plan:
-    plan = plan_deployment(build_plan_inputs(spec))
-    assert plan.feasible
-    return plan
-
-
-@pytest.fixture(scope="module")
-def infeasible_plan(spec: LLMDeploymentSpec) -> Plan:
-    unreachable = spec.model_copy(update={"slo": spec.slo.model_copy(update={"tpot_ms": 0.5})})
-    plan = plan_deployment(build_plan_inputs(unreachable))
-    assert not plan.feasible
-    return plan
 
 
 # --- conditions ---------------------------------------------------------------------------
@@ -119,7 +95,7 @@ def test_condition_type_constants() -> None:
     ]
 
 
-# --- status from a plan -------------------------------------------------------------------
+# --- the status of a whole pass is tested in test_desire.py ---------------------------------
 
 
 def test_headline_latencies_prefer_observed() -> None:

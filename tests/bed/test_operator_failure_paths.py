@@ -41,7 +41,6 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
     apply(kube, namespace, load_document(EXAMPLE))
     planned = wait_condition(kube, namespace, NAME, "Planned", "True")
     assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(planned["status"])
-    settled()
 
     apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 1}))
     infeasible = wait_condition(kube, namespace, NAME, "Infeasible", "True")

@@ -136,13 +136,14 @@ class OperatorState:
         before = self.problems.get(key, "")
         if problem == before:
             return
+        where = "/".join(part for part in key if part)  # namespace/name, or the loop's own ("resync")
         if problem:
             self.problems[key] = problem
-            log.warning("%s/%s: %s (logged once until it changes; retried with back-off)", *key, problem,
+            log.warning("%s: %s (said once until it changes)", where, problem,
                         exc_info=exc is not None and not isinstance(exc, KvscaleError))
         else:
             self.problems.pop(key, None)
-            log.info("%s/%s: recovered (was: %s)", *key, before)
+            log.info("%s: recovered (was: %s)", where, before)
 
     def _forget(self, key: tuple[str, str]) -> None:
         self.histories.pop(key, None)

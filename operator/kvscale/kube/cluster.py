@@ -179,20 +179,7 @@ class Cluster:
         return self._list("list pods", self._pods,
                           field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
 
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return self._list(f"list pods {label_selector}", self._pods, namespace=namespace,
-                          label_selector=label_selector)
-
     # --- writes ------------------------------------------------------------------------------
-    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        resource = self._resource_for(body)
-        namespace = body["metadata"]["namespace"]
-        created: dict[str, Any] = _call(
-            f"create {body['kind']} {namespace}/{body['metadata']['name']}",
-            lambda: resource.create(body=dict(body), namespace=namespace, field_manager=FIELD_MANAGER,
-                                    serializer=_as_dict, _request_timeout=REQUEST_TIMEOUT_S))
-        return created
-
     def apply(self, body: Mapping[str, Any], force: bool = False) -> dict[str, Any]:
         """Server-side apply of the whole object under the `kvscale` field manager: kvscale owns the
         fields it sets, a field it stops setting is removed, and (without `force`) a field another
@@ -205,15 +192,6 @@ class Cluster:
                                                field_manager=FIELD_MANAGER, force_conflicts=force,
                                                serializer=_as_dict, _request_timeout=REQUEST_TIMEOUT_S))
         return applied
-
-    def merge_patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        resource = self._resource_for({"kind": kind})
-        patched: dict[str, Any] = _call(
-            f"patch {kind} {namespace}/{name}",
-            lambda: resource.patch(body=dict(patch), name=name, namespace=namespace, content_type=MERGE_PATCH,
-                                   field_manager=FIELD_MANAGER, serializer=_as_dict,
-                                   _request_timeout=REQUEST_TIMEOUT_S))
-        return patched
 
     def patch_llmdeployment_status(self, namespace: str, name: str, status: Mapping[str, Any],
                                    resource_version: str | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # The kvscale operator image: ghcr.io/kvscale/kvscale-operator:0.1.0 (helm/kvscale values.image).
 #   docker build -t ghcr.io/kvscale/kvscale-operator:0.1.0 .
+#   make image    (no Docker engine or registry: podman and a Debian base built here; image/build.sh)
 # Two stages: build a wheel of the package and install it into a virtualenv, then copy only that
 # virtualenv onto a clean base. It runs as the non-root user 65532 and execs `kvscale run` directly
 # (no shell); the chart adds a read-only root filesystem with an emptyDir at /tmp.
@@ -8,6 +9,9 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# Only where the build machine reaches PyPI through a TLS-intercepting proxy: the CA bundle to trust,
+# mounted into the build (`make image` does this); unset otherwise. Never part of the image.
+ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -22,10 +26,12 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/kvscale/bin/kvscale run --help >/dev/null
 
 FROM ${PYTHON_IMAGE}
+# The package's version (pyproject.toml), which `make image` passes and the image tag repeats.
+ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="kvscale-operator" \
       org.opencontainers.image.description="kvscale: SLO-driven capacity planning and autoscaling for LLM serving on Kubernetes" \
       org.opencontainers.image.source="https://github.com/kvscale/kvscale" \
-      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 # A named user for uid/gid 65532 (kopf and getpass look the user up); no home, no login shell.
 RUN groupadd --system --gid 65532 kvscale \

@@ -6,13 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv test test-unit test-bed lint typecheck crds bench demo plan testbed-build testbed-up testbed-down clean
+.PHONY: help venv test test-unit test-bed lint typecheck crds bench demo plan image testbed-build testbed-up testbed-down clean
 
 help:
 	@echo "make demo    - run the main demo"
 	@echo "make test    - lint, type-check, unit tests, then the tests on the real test bed"
 	@echo "make bench   - accuracy and speed benchmarks (prints figures)"
 	@echo "make crds    - regenerate crds/ from the pydantic models"
+	@echo "make image   - build the operator image with podman (no Docker engine or registry needed)"
 	@echo "make testbed-up / testbed-down - start/stop the local control plane + Prometheus"
 
 $(VENV)/.installed: pyproject.toml
@@ -50,6 +51,10 @@ test-bed: venv testbed-build
 	bash tests/testbed/run-bed-tests.sh
 
 test: lint typecheck test-unit test-bed
+
+# The operator image (Dockerfile) with Debian's podman and a base made from Debian packages.
+image:
+	bash image/build.sh
 
 bench: venv
 	$(PY) benchmarks/accuracy.py

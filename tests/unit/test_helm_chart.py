@@ -259,6 +259,9 @@ def test_dockerfile_is_multi_stage_pinned_and_non_root() -> None:
     assert json.loads(dict(final_stage)["ENTRYPOINT"]) == ["kvscale", "run"]  # exec form: no shell
     assert not [w for w, _ in instructions if w == "ADD"]
     assert "kvscale" in PYPROJECT["project"]["scripts"]
+    # One version: the package's, which the chart's appVersion and the image's label repeat.
+    assert args["VERSION"] == PYPROJECT["project"]["version"]
+    assert 'org.opencontainers.image.version="${VERSION}"' in dict(final_stage)["LABEL"]
 
 
 def test_dockerfile_copies_only_what_exists_and_is_in_the_context() -> None:

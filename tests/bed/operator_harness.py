@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-from bedkit import Kube, wait_until
+from bedkit import STATE_DIR, Kube, free_port, wait_until
 
 from kvscale.controllers.operator import OperatorConfig, OperatorState, build_registry
 
@@ -26,6 +29,57 @@ class RunningOperator:
     state: OperatorState
     stop: threading.Event
     thread: threading.Thread
+
+
+class OperatorProcess:
+    """`kvscale run` as users run it: a process of its own, watching one namespace, with its probe.
+
+    `peering`: join that kopf peering (as the chart's pods do with replicaCount > 1), as `pod_id`."""
+
+    def __init__(self, namespace: str, scan_interval_s: float = 2.0, prometheus_url: str | None = None,
+                 peering: str | None = None, peering_lifetime_s: int | None = None, pod_id: str | None = None) -> None:
+        self.namespace = namespace
+        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        self.pod_id = pod_id or f"operator-{uuid.uuid4().hex[:6]}"
+        self.log = STATE_DIR / "logs" / f"{self.pod_id}-{namespace}.log"
+        self.args = ["--scan-interval", str(scan_interval_s), "--liveness", self.liveness,
+                     "--log-format", "plain", "--log-level", "info"]
+        if prometheus_url:
+            self.args += ["--prometheus-url", prometheus_url]
+        if peering:
+            self.args += ["--peering", peering]
+        if peering_lifetime_s:
+            self.args += ["--peering-lifetime", str(peering_lifetime_s)]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(STATE_DIR / "kubeconfig"), "POD_ID": self.pod_id}
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(REPO_ROOT / ".venv" / "bin" / "kvscale"), "run", "-n", self.namespace, *self.args],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
+        wait_until(self.report, 60, "the operator's liveness endpoint")
+
+    def report(self) -> dict[str, Any]:
+        """The probe's report (kopf keeps each answer for 10 s)."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.liveness, timeout=5) as resp:
+            found: dict[str, Any] = json.loads(resp.read())["reconciles"]
+            return found
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
 
 
 def install_crd(kube: Kube) -> None:

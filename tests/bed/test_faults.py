@@ -19,9 +19,7 @@ whole again for the tests after these.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -29,8 +27,9 @@ from typing import Any
 
 import yaml
 from bedctl import BED_APISERVER, BED_ETCD
-from bedkit import STATE_DIR, Kube, free_port, wait_until
+from bedkit import Kube, wait_until
 from operator_harness import (
+    OperatorProcess,
     RunningOperator,
     apply,
     condition,
@@ -169,45 +168,6 @@ def test_a_second_writer_gets_409s_and_kvscale_values_win(kube: Kube, namespace:
     assert operator.state.conflicts > 0
     assert operator.state.failures == 0
     wait_quiet(kube, namespace, [NAME], lambda: operator.state.resyncs)
-
-
-class OperatorProcess:
-    """`kvscale run` as users run it: a process of its own, watching one namespace, with its probe."""
-
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-        self.liveness = f"http://127.0.0.1:{free_port()}/healthz"
-        self.log = STATE_DIR / "logs" / f"operator-{namespace}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(STATE_DIR / "kubeconfig")}
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [str(ROOT / ".venv" / "bin" / "kvscale"), "run", "-n", self.namespace, "--scan-interval",
-                 str(SCAN_INTERVAL_S), "--liveness", self.liveness, "--log-format", "plain", "--log-level", "info"],
-                stdout=log, stderr=subprocess.STDOUT, env=env)
-        wait_until(self.report, 60, "the operator's liveness endpoint")
-
-    def report(self) -> dict[str, Any]:
-        import urllib.request
-
-        with urllib.request.urlopen(self.liveness, timeout=5) as resp:
-            found: dict[str, Any] = json.loads(resp.read())["reconciles"]
-            return found
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
 
 
 def test_operator_killed_mid_rollout_converges_and_then_writes_nothing(kube: Kube, namespace: str) -> None:

@@ -171,6 +171,7 @@ def test_namespace_scoped_render(helm: str) -> None:
 def test_replicas_above_one_use_peering(helm: str) -> None:
     docs = render(helm, "replicaCount=2")
     assert "--peering=kvscale" in container(docs)["args"]
+    assert "--peering-lifetime=30" in container(docs)["args"]
     assert one(docs, "ClusterKopfPeering", "kvscale")["apiVersion"] == "kopf.dev/v1"
     assert ("kopf.dev", "clusterkopfpeerings", "patch") in rules_of(one(docs, "ClusterRole"))
     assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1

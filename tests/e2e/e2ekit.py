@@ -36,7 +36,7 @@ class Stack:
     namespace: str
     sims: PodSim
     trace: list[TraceRequest]
-    operator: Any  # operator_harness.RunningOperator
+    operator: Any  # operator_harness.RunningOperator, or None when the test runs its own
 
     def deploy(self, name: str, **spec_changes: Any) -> int:
         """Apply the resource; wait for its planned replicas to run simulators; return that count."""
@@ -60,17 +60,27 @@ class Stack:
 
 
 @contextmanager
+def serving_pods(kube: Kube, prometheus: Prometheus, namespace: str) -> Iterator[Stack]:
+    """Pod simulators for `namespace`, no operator (the test brings its own)."""
+    import operator_harness
+
+    operator_harness.install_crd(kube)
+    with PodSim(kube, prometheus, [namespace]) as sims:
+        yield Stack(kube, prometheus, namespace, sims, read_trace(find_trace()), None)
+
+
+@contextmanager
 def serving_stack(kube: Kube, prometheus: Prometheus, namespace: str, operator_prometheus_url: str | None = None,
                   **operator_options: Any) -> Iterator[Stack]:
     """Pod simulators for `namespace` and the operator watching it with `--prometheus-url` (the bed's
     Prometheus unless `operator_prometheus_url` says otherwise, e.g. a fault injector in front of it)."""
     import operator_harness
 
-    operator_harness.install_crd(kube)
-    with PodSim(kube, prometheus, [namespace]) as sims, operator_harness.running_operator(
+    with serving_pods(kube, prometheus, namespace) as stack, operator_harness.running_operator(
             kube, scan_interval_s=SCAN_INTERVAL_S, namespaces=(namespace,),
             prometheus_url=operator_prometheus_url or prometheus.url, **operator_options) as running:
-        yield Stack(kube, prometheus, namespace, sims, read_trace(find_trace()), running)
+        stack.operator = running
+        yield stack
 
 
 def running_pods(kube: Kube, namespace: str, llmdeployment: str) -> list[str]:

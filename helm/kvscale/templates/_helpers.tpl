@@ -113,5 +113,6 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- if include "kvscale.peered" . }}
 - {{ printf "--peering=%s" (include "kvscale.peeringName" .) | quote }}
+- {{ printf "--peering-lifetime=%v" .Values.peering.lifetimeSeconds | quote }}
 {{- end }}
 {{- end -}}

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from kvscale.api.spec import KvCacheDtype, Precision
+from kvscale.controllers.peering import DEFAULT_PEERING_LIFETIME_S
 from kvscale.errors import KvscaleError
 
 
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpu-price", action="append", default=[], metavar="TYPE=USD",
                      help="default hourly price of a GPU type (repeatable); a resource's own prices win")
     run.add_argument("--peering", help="kopf peering name: run several replicas, only one active")
+    run.add_argument("--peering-lifetime", type=int, default=DEFAULT_PEERING_LIFETIME_S, metavar="SECONDS",
+                     help="a replica silent for this long is dead and a standby takes over (with --peering)")
     run.add_argument("--metrics-port", type=int, help="serve the operator's own Prometheus metrics on this port")
     run.add_argument("--log-format", choices=("plain", "full", "json"), default="json")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")

@@ -50,6 +50,8 @@ def run_operator_command(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     if args.scan_interval <= 0:
         raise InvalidSpecError("--scan-interval must be positive")
+    if args.peering_lifetime < 10:
+        raise InvalidSpecError("--peering-lifetime must be at least 10 seconds (keep-alives come 5-10 s before it)")
     level = "debug" if args.verbose else args.log_level
     kopf.configure(debug=level == "debug", verbose=level in ("debug", "info"),
                    log_format=kopf.LogFormat[args.log_format.upper()])
@@ -61,6 +63,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         prometheus_url=args.prometheus_url,
         gpu_prices_usd_per_hour=parse_gpu_prices(args.gpu_price),
         peering=args.peering,
+        peering_lifetime_s=args.peering_lifetime,
         metrics_port=args.metrics_port,
     )
     run_operator(config, args.liveness or None)

@@ -9,14 +9,17 @@ resource never waits for the operator (owner references remove its Deployment an
 from __future__ import annotations
 
 import asyncio
+import getpass
 import logging
+import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -24,6 +27,7 @@ from kvscale.api.spec import API_GROUP, API_VERSION, KIND
 from kvscale.autoscaler import Observation, ScalingHistory
 from kvscale.controllers.autoscaling import ScalingInput
 from kvscale.controllers.backoff import Backoff
+from kvscale.controllers.peering import DEFAULT_PEERING_LIFETIME_S, PeerIdentity, is_active
 from kvscale.controllers.reconcile import Outcome, Reconciler
 from kvscale.controllers.telemetry import Telemetry
 from kvscale.errors import KvscaleError
@@ -50,6 +54,8 @@ class OperatorConfig:
     prometheus_url: str | None = None  # None: no live metrics, plans only
     gpu_prices_usd_per_hour: Mapping[str, float] = field(default_factory=dict)  # operator-wide defaults
     peering: str | None = None  # kopf peering name for HA (only one active replica); None: standalone
+    peer: PeerIdentity | None = None  # how this operator registers in the peering (with `peering`)
+    peering_lifetime_s: int = DEFAULT_PEERING_LIFETIME_S  # a peer silent for longer is dead: the handover bound
     metrics_port: int | None = None  # the operator's own /metrics
     liveness_stall_s: float | None = None  # None: max(LIVENESS_INTERVALS x scan interval, LIVENESS_MIN_STALL_S)
 
@@ -81,6 +87,7 @@ class OperatorState:
     conflicts: int = 0  # field-manager conflicts forced, and status writes rerun after a 409
     writes: int = 0
     resyncs: int = 0  # resync passes completed
+    role: str = "standalone"  # standalone, or with peering: active or standby (as of the last resync)
     last_resync_s: float = field(default_factory=time.monotonic)  # when the last one completed (or start-up)
     stopping: threading.Event = field(default_factory=threading.Event)
 
@@ -176,8 +183,9 @@ class OperatorState:
         if self.cluster is None:
             return
         try:
-            bodies = self.cluster.list_llmdeployments(self.config.namespaces)
-            inputs = self._scaling_inputs(bodies) if self.metrics is not None else {}
+            namespaces = self._active_namespaces()
+            bodies = [] if namespaces == () else self.cluster.list_llmdeployments(namespaces or ())
+            inputs = self._scaling_inputs(bodies) if self.metrics is not None and bodies else {}
         except Exception as exc:
             self._report(("", "resync"), f"resync failed: {exc}", exc)
             return
@@ -188,11 +196,29 @@ class OperatorState:
         self.resyncs += 1
         self.last_resync_s = time.monotonic()
 
+    def _active_namespaces(self) -> tuple[str, ...] | None:
+        """Where this operator may act: None for everywhere it watches, () for nowhere (a standby).
+
+        With peering, kopf pauses the watch handlers of a standby but not this loop: the loop applies
+        kopf's own rule (`controllers.peering.is_active`) to the peering object of each scope."""
+        config = self.config
+        if config.peering is None or config.peer is None or self.cluster is None:
+            self.role = "standalone"
+            return None
+        now = datetime.now(UTC)
+        scopes: tuple[str | None, ...] = config.namespaces or (None,)
+        active = tuple(ns for ns in scopes if is_active(
+            (self.cluster.get_peering(config.peering, ns) or {}).get("status"), config.peer, now))
+        self.role = "active" if active else "standby"
+        if not active:
+            return ()
+        return None if active == (None,) else tuple(ns for ns in active if ns is not None)
+
     def liveness(self, now_s: float) -> dict[str, Any]:
         """The probe's report; raises StalledError when the resync loop has stalled."""
         since = now_s - self.last_resync_s
         report = {"reconciles": self.reconciles, "failures": self.failures, "writes": self.writes,
-                  "resyncs": self.resyncs, "seconds_since_resync": round(since, 1)}
+                  "resyncs": self.resyncs, "seconds_since_resync": round(since, 1), "role": self.role}
         if since > self.config.stall_limit_s:
             raise StalledError(f"the resync loop has completed no pass for {since:.0f} s "
                                f"(limit {self.config.stall_limit_s:.0f} s): {report}")
@@ -265,6 +291,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.execution.max_workers = HANDLER_WORKERS
+        settings.peering.lifetime = config.peering_lifetime_s
         # One connection per handler thread and one for the resync loop.
         state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig, HANDLER_WORKERS + 1)
         if config.prometheus_url:
@@ -318,13 +345,18 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
 
 def run_operator(config: OperatorConfig, liveness_endpoint: str | None) -> None:
     """Run until interrupted (the `kvscale run` command)."""
+    if config.peering is not None and config.peer is None:
+        # As kopf names a peer (POD_ID: the pod's name, from the chart); kopf pauses every peer that
+        # shares a priority, so each process draws its own (the highest is active).
+        identity = os.environ.get("POD_ID") or f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}"
+        config = replace(config, peer=PeerIdentity(identity=identity, priority=secrets.randbelow(2**31 - 1) + 1))
     registry, _ = build_registry(config)
     kopf.run(
         registry=registry,
         standalone=config.peering is None,
         peering_name=config.peering,
-        # kopf pauses every peer that shares a priority: give each pod its own.
-        priority=secrets.randbelow(2**31 - 1) + 1 if config.peering else 0,
+        identity=cast(Any, config.peer.identity) if config.peer else None,  # kopf's Identity: a str NewType
+        priority=config.peer.priority if config.peer else 0,
         clusterwide=not config.namespaces,
         namespaces=list(config.namespaces),
         liveness_endpoint=liveness_endpoint,

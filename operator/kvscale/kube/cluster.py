@@ -19,7 +19,7 @@ from kubernetes import config, dynamic
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import kube_config
-from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
+from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError, ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
 from kvscale.api.conditions import format_time
@@ -173,6 +173,16 @@ class Cluster:
             if self._nodes_read is None or now_s - self._nodes_read[0] > NODES_MAX_AGE_S:
                 self._nodes_read = (now_s, self._list("list nodes", self._nodes))
             return self._nodes_read[1]
+
+    def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
+        """kopf's peering object (a KopfPeering in `namespace`, or the ClusterKopfPeering when None);
+        None when it or its CRD does not exist."""
+        kind = "ClusterKopfPeering" if namespace is None else "KopfPeering"
+        try:
+            resource = self._dynamic.resources.get(api_version="kopf.dev/v1", kind=kind)
+        except ResourceNotFoundError:
+            return None
+        return self._get(resource, namespace, name)
 
     def list_bound_pods(self) -> list[dict[str, Any]]:
         """Every pod bound to a node and not finished, in all namespaces (for free-GPU counting)."""

@@ -7,7 +7,8 @@ attached to the report, because the cause is often in a component, not in the te
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+import uuid
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,22 @@ def operator_in_namespace(kube: Any, namespace: str) -> Iterator[Any]:
     install_crd(kube)
     with running_operator(kube, scan_interval_s=2.0, namespaces=(namespace,)) as running:
         yield running
+
+
+@pytest.fixture
+def make_namespace(kube: Any) -> Iterator[Callable[[str], str]]:
+    """Factory for extra fresh namespaces (watched / workload / other), deleted afterwards."""
+    made: list[str] = []
+
+    def make(prefix: str) -> str:
+        name = f"helm-{prefix}-{uuid.uuid4().hex[:6]}"
+        kube.kubectl("create", "namespace", name, check=True)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        kube.kubectl("delete", "namespace", name, "--wait=false")
 
 
 def _log_tails() -> str:

@@ -29,6 +29,7 @@ from bedkit import BIN_DIR, Kube, free_port, wait_until
 from kubernetes.config import kube_config
 
 from kvscale.controllers.operator import OperatorConfig, OperatorState, build_registry
+from kvscale.controllers.peering import PeerIdentity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "helm" / "kvscale"
@@ -197,8 +198,10 @@ def running_operator_as(
     resources on the shared bed. `peering`: join that kopf peering with a random priority (the
     pods of a release with replicaCount > 1 do the same), instead of running standalone.
     """
+    # As `kvscale run` does: a peer identity and a priority of its own, for kopf and for the resync loop.
+    peer = PeerIdentity(identity=f"test-{uuid.uuid4().hex[:8]}", priority=random.randint(1, 1_000_000))
     config = OperatorConfig(namespaces=tuple(namespaces), scan_interval_s=scan_interval_s,
-                            kubeconfig=str(kubeconfig), peering=peering,
+                            kubeconfig=str(kubeconfig), peering=peering, peer=peer if peering else None,
                             metrics_port=free_port() if metrics else None)
     registry, state = build_registry(config)
     allowed = set(act_in)
@@ -232,7 +235,8 @@ def running_operator_as(
                 registry=registry,
                 standalone=peering is None,
                 peering_name=peering,
-                priority=random.randint(1, 1_000_000) if peering else None,
+                identity=peer.identity if peering else None,  # type: ignore[arg-type]  # kopf's str NewType
+                priority=peer.priority if peering else None,
                 clusterwide=not namespaces,
                 namespaces=list(namespaces),
                 liveness_endpoint=running.health_url.replace("127.0.0.1", "0.0.0.0"),

@@ -10,7 +10,7 @@ release, namespace and ClusterRole is unique per test and removed afterwards.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,22 +47,6 @@ def helm(kube: Kube) -> Helm:
         pytest.fail("no helm binary in the test bed (make testbed-build installs it)", pytrace=False)
     install_crd(kube)  # idempotent: the shared CRD from crds/, identical to the chart's (unit test)
     return Helm(kube, binary)
-
-
-@pytest.fixture
-def make_namespace(kube: Kube) -> Iterator[Callable[[str], str]]:
-    """Factory for extra fresh namespaces (watched / workload / other), deleted afterwards."""
-    made: list[str] = []
-
-    def make(prefix: str) -> str:
-        name = unique(f"helm-{prefix}")
-        kube.kubectl("create", "namespace", name, check=True)
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        kube.kubectl("delete", "namespace", name, "--wait=false")
 
 
 def apply_example(kube: Kube, namespace: str) -> None:

@@ -42,7 +42,8 @@ def test_chart_metadata() -> None:
     assert chart["apiVersion"] == "v2"
     assert chart["name"] == "kvscale"
     assert chart["kubeVersion"] == ">=1.28.0-0"
-    assert chart["appVersion"] == "0.1.0" == PYPROJECT["project"]["version"]
+    # One version for the package, the chart, its appVersion (the image tag it deploys) and the image.
+    assert chart["appVersion"] == chart["version"] == PYPROJECT["project"]["version"]
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["repository"] == "ghcr.io/kvscale/kvscale-operator"
     assert values["image"]["tag"] == ""  # the appVersion

@@ -183,8 +183,9 @@ class OperatorState:
         if self.cluster is None:
             return
         try:
-            namespaces = self._active_namespaces()
-            bodies = [] if namespaces == () else self.cluster.list_llmdeployments(namespaces or ())
+            active = self._active_namespaces()
+            bodies = [] if active == () else self.cluster.list_llmdeployments(
+                self.config.namespaces if active is None else active)
             inputs = self._scaling_inputs(bodies) if self.metrics is not None and bodies else {}
         except Exception as exc:
             self._report(("", "resync"), f"resync failed: {exc}", exc)

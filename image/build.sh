@@ -39,8 +39,9 @@ if [ -z "$base" ]; then
     rootfs=$CACHE/base-bookworm.tar
     if [ ! -s "$rootfs" ]; then
       log "making the base rootfs with mmdebstrap (minbase bookworm + $BASE_PACKAGES)"
-      mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" bookworm "$rootfs.part"
-      mv "$rootfs.part" "$rootfs"
+      # mmdebstrap picks the output format from the name's extension: keep .tar on the partial file.
+      mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" bookworm "$CACHE/partial.tar"
+      mv "$CACHE/partial.tar" "$rootfs"
     fi
     "${PODMAN[@]}" import --quiet "$rootfs" "$BASE_IMAGE" >/dev/null
   fi

@@ -53,8 +53,11 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
     deployment = get(kube, "deployment", namespace, NAME)
     assert deployment is not None  # the last good plan keeps serving
     assert status["replicas"] == deployment["spec"]["replicas"]
-    versions = settled()
-    assert versions[f"deployment/{NAME}"] == deployment["metadata"]["resourceVersion"]
+    settled()
+    kept = get(kube, "deployment", namespace, NAME)
+    assert kept is not None  # untouched by kvscale while infeasible (its controller updates only status)
+    assert kept["metadata"]["generation"] == deployment["metadata"]["generation"]
+    assert kept["spec"] == deployment["spec"]
 
     apply(kube, namespace, load_document(EXAMPLE))
     again = wait_until(lambda: (o := get(kube, "llmd", namespace, NAME)) and condition(o, "Planned")["status"] == "True"

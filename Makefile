@@ -6,12 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv test test-unit test-bed lint typecheck crds bench demo plan image testbed-build testbed-up testbed-down clean
+.PHONY: help venv test test-unit test-bed test-vllm lint typecheck crds bench demo plan image testbed-build testbed-up testbed-down clean
 
 help:
 	@echo "make demo    - run the main demo"
 	@echo "make test    - lint, type-check, unit tests, then the tests on the real test bed"
 	@echo "make bench   - accuracy and speed benchmarks (prints figures)"
+	@echo "make test-vllm - a real vLLM (PyPI CPU build) serving a pod on the test bed; captures its /metrics"
 	@echo "make crds    - regenerate crds/ from the pydantic models"
 	@echo "make image   - build the operator image with podman (no Docker engine or registry needed)"
 	@echo "make testbed-up / testbed-down - start/stop the local control plane + Prometheus"
@@ -51,6 +52,12 @@ test-bed: venv testbed-build
 	bash tests/testbed/run-bed-tests.sh
 
 test: lint typecheck test-unit test-bed
+
+# A real vLLM (the CPU build from PyPI, in its own cached virtualenv) as one pod of an LLMDeployment on
+# the bed; it rewrites the captured /metrics fixture that `make test` replays (tests/realvllm/README.md).
+test-vllm: venv testbed-build
+	bash tests/realvllm/install.sh
+	KVSCALE_BED_TESTS=tests/realvllm KVSCALE_BED_TEST_TIMEOUT_S=900 bash tests/testbed/run-bed-tests.sh
 
 # The operator image (Dockerfile) with Debian's podman and a base made from Debian packages.
 image:

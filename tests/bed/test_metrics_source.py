@@ -45,7 +45,7 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     def settled() -> object:
         result = source.fetch(keys, 0.95)
         chat_obs = result.observations.get(keys[0])
-        ready = (chat_obs is not None and (chat_obs.request_rate or 0) > 0 and chat_obs.tpot_s is not None
+        ready = (chat_obs is not None and (chat_obs.request_rate or 0) > 0 and chat_obs.tpot_mean_s is not None
                  and chat_obs.peak_request_rate is not None)  # a subquery: its points trail by a step
         return result if ready else None
 
@@ -58,13 +58,21 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     assert chat_obs.mean_output_tokens is not None and 1 <= chat_obs.mean_output_tokens <= 12, seen
     assert chat_obs.request_rate is not None and code_obs.request_rate is not None, seen
     assert chat_obs.request_rate > code_obs.request_rate, seen
-    assert chat_obs.running_requests == 0 and chat_obs.waiting_requests == 0, seen
+    # averaged over the last 30 s (one scrape reads 0 between two engine steps): at most the one request
+    # each replica ran at a time, and 0 waiting (a single scrape after the requests returned)
+    assert chat_obs.running_requests is not None and 0 <= chat_obs.running_requests <= 2, seen
+    assert chat_obs.waiting_requests == 0, seen
     # the window's mean batch (avg_over_time): one request at a time on each of the two replicas, at most
     assert chat_obs.mean_running_requests is not None and 0 <= chat_obs.mean_running_requests <= 2, seen
-    # The busiest 30 s of the window (a subquery) and the prefill-time percentile (the sims prefill in
-    # ~40 ms: inside vLLM's first bucket, 0.3 s).
+    # The busiest 30 s of the window (a subquery). The sims prefill in ~40 ms and decode a token every
+    # 5 ms: inside vLLM's first prefill bucket (0.3 s) and first TPOT bucket (10 ms), so both percentiles
+    # are reported as bounds, not as the 0.285 s and 9.5 ms histogram_quantile would interpolate.
     assert chat_obs.peak_request_rate is not None and chat_obs.peak_request_rate > 0, seen
-    assert chat_obs.prefill_quantile_s is not None and 0 < chat_obs.prefill_quantile_s <= 0.3, seen
+    assert chat_obs.prefill_quantile_s is None and chat_obs.bound_of("prefill_quantile_s") == 0.3, seen
+    assert chat_obs.tpot_s is None and chat_obs.bound_of("tpot_s") == 0.01, seen
+    assert chat_obs.tpot_mean_s is not None and 0 < chat_obs.tpot_mean_s < 0.01, seen
+    assert chat_obs.ttft_s is not None and chat_obs.input_tokens_quantile is not None, seen
+    assert chat_obs.aborted_rate in (None, 0) and chat_obs.failed_rate in (None, 0), seen
     assert check_observation(chat_obs, time.time(), 120) is None, seen
     assert check_observation(result.observations.get(keys[2]), time.time(), 120) is not None
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bedkit import Kube, Prometheus, wait_until
+from bedkit import InferenceSim, Kube, Prometheus, wait_until
 from loadgen import LoadGenerator, Surge, TraceRequest, find_trace, rate_scale_for, read_trace, replay_schedule
 from operator_harness import apply
-from podsim import PodSim
+from podsim import PodSim, SimConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCALE_SUBJECT = "kvscale.dev/llmdeployment"
@@ -60,23 +60,25 @@ class Stack:
 
 
 @contextmanager
-def serving_pods(kube: Kube, prometheus: Prometheus, namespace: str) -> Iterator[Stack]:
-    """Pod simulators for `namespace`, no operator (the test brings its own)."""
+def serving_pods(kube: Kube, prometheus: Prometheus, namespace: str,
+                 spawn: Callable[[SimConfig, int], InferenceSim] | None = None) -> Iterator[Stack]:
+    """Pod simulators for `namespace` (or what `spawn` starts per pod), no operator (the test brings its own)."""
     import operator_harness
 
     operator_harness.install_crd(kube)
-    with PodSim(kube, prometheus, [namespace]) as sims:
+    with PodSim(kube, prometheus, [namespace], spawn=spawn) as sims:
         yield Stack(kube, prometheus, namespace, sims, read_trace(find_trace()), None)
 
 
 @contextmanager
 def serving_stack(kube: Kube, prometheus: Prometheus, namespace: str, operator_prometheus_url: str | None = None,
+                  spawn: Callable[[SimConfig, int], InferenceSim] | None = None,
                   **operator_options: Any) -> Iterator[Stack]:
     """Pod simulators for `namespace` and the operator watching it with `--prometheus-url` (the bed's
     Prometheus unless `operator_prometheus_url` says otherwise, e.g. a fault injector in front of it)."""
     import operator_harness
 
-    with serving_pods(kube, prometheus, namespace) as stack, operator_harness.running_operator(
+    with serving_pods(kube, prometheus, namespace, spawn) as stack, operator_harness.running_operator(
             kube, scan_interval_s=SCAN_INTERVAL_S, namespaces=(namespace,),
             prometheus_url=operator_prometheus_url or prometheus.url, **operator_options) as running:
         stack.operator = running

@@ -34,7 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,8 @@ class PodSim:
     poll_interval_s: float = 0.5
     drain_timeout_s: float = 30.0
     sim_binary: str = field(default_factory=lambda: binary("llm-d-inference-sim"))
+    # what serves a pod: llm-d-inference-sim by default; tests/realvllm starts a real vLLM here
+    spawn: Callable[[SimConfig, int], InferenceSim] | None = None
     history: list[tuple[float, str, str, str]] = field(default_factory=list)  # (time, start|stop, ns/pod, endpoint)
     _sims: dict[str, PodSimulator] = field(default_factory=dict)  # by pod uid
     _failed: dict[str, float] = field(default_factory=dict)  # pod uid -> when a start last failed
@@ -354,7 +356,7 @@ class PodSim:
         launch = parse_launch(pod, self._node_labels(pod["spec"].get("nodeName")))
         config = sim_config(launch)
         seed = int.from_bytes(meta["uid"].encode()[:6], "big")
-        sim = spawn_sim(self.sim_binary, config, seed)
+        sim = self.spawn(config, seed) if self.spawn else spawn_sim(self.sim_binary, config, seed)
         target = target_name(namespace, name)
         labels = {"namespace": namespace, "pod": name, "llmdeployment": meta["labels"][OWNER_LABEL]}
         self.prometheus.add_target(target, sim.host_port, labels)

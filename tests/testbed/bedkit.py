@@ -254,7 +254,7 @@ def start_inference_sim(
 
 
 def launch_sim(argv_for_port: Callable[[int], list[str]], served_model: str, startup_timeout: float = 30,
-               env: Mapping[str, str] | None = None) -> InferenceSim:
+               env: Mapping[str, str] | None = None, name: str = "llm-d-inference-sim") -> InferenceSim:
     """Start one `llm-d-inference-sim` on a free loopback port and wait until /health answers 200.
 
     Its output goes to .testbed/logs/llm-d-inference-sim-PORT.log and its PID to
@@ -267,12 +267,12 @@ def launch_sim(argv_for_port: Callable[[int], list[str]], served_model: str, sta
     last_log, argv = "", [""]
     for _attempt in range(3):  # a probed free port can be taken before the sim binds it: retry
         port = free_port()
-        log_path = logs / f"llm-d-inference-sim-{port}.log"
+        log_path = logs / f"{name}-{port}.log"
         argv = argv_for_port(port)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=None if env is None else dict(env), start_new_session=True)
-        pid_path = pids / f"llm-d-inference-sim-{port}.pid"
+        pid_path = pids / f"{name}-{port}.pid"
         pid_path.write_text(f"{proc.pid}\n")
         sim = InferenceSim(served_model, port, proc, log_path, pid_path)
         deadline = time.monotonic() + startup_timeout
@@ -288,4 +288,4 @@ def launch_sim(argv_for_port: Callable[[int], list[str]], served_model: str, sta
         last_log = log_path.read_text(errors="replace")[-3000:]
         if "address already in use" not in last_log:
             break
-    raise RuntimeError(f"llm-d-inference-sim did not become healthy: {argv}\n{last_log}")
+    raise RuntimeError(f"{name} did not become healthy: {argv}\n{last_log}")

@@ -2,7 +2,8 @@
 # `make test-bed`: start the bed, run tests/bed and tests/e2e against it, always stop it again.
 # A bed that fails to start, a failing test, or no collected bed test (pytest exit 5) all fail.
 # Extra arguments go to pytest. KVSCALE_BED_KEEP=1 leaves the bed up afterwards (debugging);
-# KVSCALE_BED_TEST_TIMEOUT_S (default 300) is the per-test deadline.
+# KVSCALE_BED_TEST_TIMEOUT_S (default 300) is the per-test deadline; KVSCALE_BED_TESTS (default
+# "tests/bed tests/e2e") the test paths (`make test-vllm` runs tests/realvllm here).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
@@ -29,7 +30,8 @@ tb_log "bed up in $((T1 - T0))s; running the bed tests"
 # Its output is kept so that a failure's own lines can be repeated last, below the long log tails
 # (a CI report shows only the end of the output).
 PYTEST_OUT="$LOGS/../pytest-bed.out"
-KVSCALE_BED=1 "$PYTEST" -q -rfE --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" tests/bed tests/e2e "$@" \
+# shellcheck disable=SC2086 # the test paths are words
+KVSCALE_BED=1 "$PYTEST" -q -rfE --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" ${KVSCALE_BED_TESTS:-tests/bed tests/e2e} "$@" \
   2>&1 | tee "$PYTEST_OUT"
 rc=${PIPESTATUS[0]}
 tb_log "pytest exit $rc after $(($(date +%s) - T1))s"

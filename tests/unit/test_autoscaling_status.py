@@ -9,6 +9,7 @@ import pytest
 from kvscale.api.spec import load_resource
 from kvscale.api.status import LLMDeploymentStatus
 from kvscale.autoscaler import Calibration, CalibrationSample, Observation, ScalingHistory, calibrate
+from kvscale.autoscaler.signals import BelowResolution
 from kvscale.controllers.autoscaling import ScalingInput, autoscale, calibration_status, previous_calibration
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_observed_load
 from kvscale.planner import build_plan_inputs, plan_deployment
@@ -113,3 +114,27 @@ def test_the_operator_fits_speed_at_the_windows_mean_batch_not_one_instants() ->
         assert calibration_after(instant, 16.0).decode_factor == pytest.approx(steady.decode_factor, rel=1e-3)
     # without the mean (an older exporter) the instant is all there is, and it misleads
     assert calibration_after(60.0, None).decode_factor != pytest.approx(steady.decode_factor, rel=0.05)
+
+
+def test_status_shows_unserved_requests_and_what_the_histograms_cannot_resolve() -> None:
+    spec = load_resource(EXAMPLE).spec  # SLO TPOT 50 ms, TTFT 1000 ms
+    inputs = build_plan_inputs(spec)
+    chosen = plan_deployment(inputs).chosen
+    assert chosen is not None
+    now_s = 1_000_000.0
+    observation = Observation(
+        sampled_at_s=now_s, pods_scraped=1, request_rate=2.0, mean_input_tokens=200, mean_output_tokens=40,
+        running_requests=3.5, waiting_requests=0.0, kv_cache_usage=0.1, ttft_s=0.04, tpot_s=None,
+        tpot_mean_s=0.004, aborted_rate=0.25, failed_rate=0.05, prefill_quantile_s=None,
+        below_resolution=(BelowResolution("tpot_s", 0.01), BelowResolution("prefill_quantile_s", 0.3)))
+    result = autoscale(spec, _setup(), chosen, LLMDeploymentStatus(), None, 1, 1, None,
+                       ScalingInput(observation, None, 0.017, ScalingHistory(), now_s),
+                       datetime.fromtimestamp(now_s, UTC))
+    observed = result.status.observed
+    assert observed is not None
+    assert (observed.aborted_per_second, observed.failed_per_second, observed.requests_per_second) == (0.25, 0.05, 2.0)
+    assert observed.tpot_p95_ms is None and observed.tpot_mean_ms == 4.0
+    assert observed.below_resolution == ["TPOT <= 10 ms (the histogram's first bucket)",
+                                         "prefill time <= 300 ms (the histogram's first bucket)"]
+    # p95 TPOT is at most 10 ms against an SLO of 50: met, although the percentile itself is unknown
+    assert result.status.slo_met is True

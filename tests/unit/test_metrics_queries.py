@@ -2,31 +2,64 @@
 
 from kvscale.autoscaler.signals import Observation
 from kvscale.metrics import MetricsLabels, build_queries
+from kvscale.metrics.queries import build_bucket_queries
 
+# Fields the source fills from other fields, not from a query of their own.
+DERIVED = {"sampled_at_s", "window_s", "below_resolution"}
 FIELDS = set(Observation.__dataclass_fields__) | {"prefill_s"}
 
 
 def test_every_observation_field_has_a_query() -> None:
-    queries = build_queries(MetricsLabels(), 60, 0.95)
-    assert set(queries) | {"sampled_at_s", "window_s"} >= FIELDS  # the window is the source's own
-    assert set(queries) <= FIELDS
+    scalar, buckets = build_queries(MetricsLabels(), 60), build_bucket_queries(MetricsLabels(), 60)
+    assert not set(scalar) & set(buckets)
+    assert set(scalar) | set(buckets) | DERIVED >= FIELDS
+    assert set(scalar) | set(buckets) <= FIELDS
 
 
 def test_queries_group_by_the_deployment_labels() -> None:
-    queries = build_queries(MetricsLabels(namespace="ns", deployment="app"), 30, 0.9)
+    labels = MetricsLabels(namespace="ns", deployment="app")
+    queries = build_queries(labels, 30) | build_bucket_queries(labels, 30)
     for name, promql in queries.items():
         assert "by (ns, app" in promql, name
     assert "[30s]" in queries["request_rate"]
-    assert "histogram_quantile(0.9," in queries["ttft_s"]
+    # Percentiles are read as bucket rates: the caller decides whether the buckets resolve them.
+    assert "histogram_quantile" not in queries["ttft_s"]
+    assert "sum by (ns, app, le) (rate(vllm:time_to_first_token_seconds_bucket[30s]))" in queries["ttft_s"]
 
 
 def test_renamed_and_sglang_metrics_are_fallbacks() -> None:
-    queries = build_queries(MetricsLabels(), 60, 0.95)
+    queries = build_queries(MetricsLabels(), 60) | build_bucket_queries(MetricsLabels(), 60)
     kv = queries["kv_cache_usage"]
     assert kv.index("vllm:kv_cache_usage_perc") < kv.index("vllm:gpu_cache_usage_perc") < kv.index("sglang:token_usage")
     tpot = queries["tpot_s"]
     assert tpot.index("request_time_per_output_token") < tpot.index("inter_token_latency") < tpot.index(
         "vllm:time_per_output_token_seconds")
+    # A later family only stands in for a deployment that has none of the earlier ones, never per bucket.
+    assert "unless on (namespace, llmdeployment) ((sum by (namespace, llmdeployment, le) " \
+           "(rate(vllm:request_time_per_output_token_seconds_bucket[60s]))))" in tpot
     assert "sglang:num_requests_total" in queries["request_rate"]
     # SGLang exports a series per TP rank: reduce per pod first.
-    assert "max by (namespace, llmdeployment, pod) (sglang:num_running_reqs)" in queries["running_requests"]
+    assert "max by (namespace, llmdeployment, pod) (avg_over_time(sglang:num_running_reqs[30s]))" \
+        in queries["running_requests"]
+
+
+def test_served_aborted_and_failed_requests_are_read_apart() -> None:
+    queries = build_queries(MetricsLabels(), 60)
+    for field in ("request_rate", "peak_request_rate"):
+        assert 'vllm:request_success_total{finished_reason!~"abort|error",finish_reason!~"abort|error"}' \
+            in queries[field], field
+    assert 'finished_reason="abort"' in queries["aborted_rate"]
+    assert 'finished_reason="error"' in queries["failed_rate"]
+
+
+def test_pods_are_counted_as_pods_not_engine_series() -> None:
+    # vLLM exports one series per data-parallel engine (label `engine`) on one pod.
+    pods = build_queries(MetricsLabels(), 60)["pods_scraped"]
+    assert pods.startswith("(count by (namespace, llmdeployment) (count by (namespace, llmdeployment, pod) ")
+
+
+def test_gauges_are_averaged_over_the_last_scrapes() -> None:
+    # One scrape of num_requests_running reads 0 between two engine steps with every client busy.
+    queries = build_queries(MetricsLabels(), 60)
+    assert "avg_over_time(vllm:num_requests_running[30s])" in queries["running_requests"]
+    assert "avg_over_time(vllm:kv_cache_usage_perc[30s])" in queries["kv_cache_usage"]

@@ -19,7 +19,7 @@ from kvscale.autoscaler import (
     decide,
 )
 from kvscale.autoscaler.policy import ScaleDecision, build_calibration_sample, replica_goodput
-from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S
+from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, BelowResolution
 from kvscale.perfmodel import (
     RequestShape,
     ServingSetup,
@@ -378,3 +378,32 @@ def test_the_reason_names_the_request_shape_its_goodput_holds_for() -> None:
     longer = decide(replace(_load(1.0), mean_input_tokens=4096), context, ScalingHistory(), NOW)
     assert "(prompts 4096, " in longer.reason
     assert (longer.goodput_requests_per_s or 0) < (decision.goodput_requests_per_s or 0)
+
+
+def test_a_prefill_percentile_below_resolution_yields_the_prompt_length_percentile() -> None:
+    # A real vLLM: 200-token prompts prefilled in 17 ms, inside the first prefill bucket (0.3 s). The
+    # interpolated 0.285 s read as a percentile would make the tail prompt 0.285 / 0.017 x the mean.
+    context = _context()
+    below = (BelowResolution("prefill_quantile_s", 0.3),)
+    observation = replace(_load(1.0), mean_input_tokens=200, prefill_quantile_s=None, below_resolution=below,
+                          input_tokens_quantile=350.0, mean_running_requests=4.0, tpot_mean_s=0.02)
+    sample = build_calibration_sample(context, observation, prefill_mean_s=0.017)
+    assert sample.shape.input_tokens_tail == pytest.approx(350.0)
+    # Neither percentile resolved: no tail is learned from the window at all.
+    blind = build_calibration_sample(context, replace(observation, input_tokens_quantile=None), prefill_mean_s=0.017)
+    assert blind.shape.input_tokens_tail is None
+
+
+def test_a_tpot_percentile_below_resolution_falls_back_to_the_mean() -> None:
+    # SLO TPOT tighter than vLLM's first TPOT bucket (10 ms): the percentile cannot be read, the mean can,
+    # and a mean above the SLO means the percentile is above it too.
+    context = _context(current=3)
+    slo = context.spec.slo.model_copy(update={"tpot_ms": 8.0})
+    context = replace(context, spec=context.spec.model_copy(update={"slo": slo}))
+    below = (BelowResolution("tpot_s", 0.01),)
+    slow = replace(_load(0.5, tpot_s=0.0), tpot_s=None, tpot_mean_s=0.0095, below_resolution=below)
+    decision = decide(slow, context, ScalingHistory(), NOW)
+    assert decision.binding == "tpot" and decision.desired_replicas >= 4
+    assert "mean TPOT (p95 below the histogram's resolution) 9.5 ms > SLO 8" in decision.reason
+    fast = replace(slow, tpot_mean_s=0.004)  # the percentile may still be under 10 ms: no breach is known
+    assert decide(fast, context, ScalingHistory(), NOW).binding != "tpot"

@@ -150,6 +150,24 @@ class ObservedStatus(StatusModel):
     waiting_requests: Annotated[
         float | None, Field(ge=0, description="Requests queued, summed over replicas.")
     ] = None
+    aborted_per_second: Annotated[
+        float | None, Field(ge=0, description="Requests the clients abandoned (vLLM finished_reason abort), "
+                                              "requests/s over all replicas; not counted as served.")
+    ] = None
+    failed_per_second: Annotated[
+        float | None, Field(ge=0, description="Requests the engine failed (finished_reason error), requests/s "
+                                              "over all replicas; not counted as served.")
+    ] = None
+    tpot_mean_ms: Annotated[
+        float | None, Field(ge=0, description="Observed mean time per output token, ms (exact: the histogram's "
+                                              "sum over its count).")
+    ] = None
+    below_resolution: Annotated[
+        list[str] | None,
+        Field(description="Percentiles the engine's histogram buckets cannot resolve (they fell in the first "
+                          "bucket), each with the bound that is known; their fields above stay empty and "
+                          "neither calibration nor scaling uses them.")
+    ] = None
     sampled_at: Annotated[Rfc3339, Field(description="When the metrics were sampled (RFC 3339).")]
 
 

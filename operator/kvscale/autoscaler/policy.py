@@ -175,10 +175,13 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
     if running is None:
         running = observation.running_requests or 0.0
     shape = _shape(observation, context.spec)
-    prefill_tail_s = observation.prefill_quantile_s
+    prefill_tail_s = observation.prefill_quantile_s  # None where its histogram cannot resolve it
     if prefill_tail_s and prefill_mean_s and prefill_tail_s > prefill_mean_s:
         # The percentile prompt, in tokens: prefill time grows with prompt length at the window's load.
         shape = replace(shape, input_tokens_tail=shape.input_tokens * prefill_tail_s / prefill_mean_s)
+    elif prefill_tail_s is None and observation.input_tokens_quantile:
+        # Prefills too fast for the prefill-time buckets: the prompt-length histogram is what is left.
+        shape = replace(shape, input_tokens_tail=max(observation.input_tokens_quantile, shape.input_tokens))
     rate = observation.request_rate
     bursty = rate is not None and _burst_excess(observation, rate) > 0.0
     return CalibrationSample(
@@ -267,9 +270,10 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms * (1 + BREACH_TOLERANCE):
         ttft_ms = observation.ttft_s * 1000.0
         breaches.append(("ttft", ttft_ms / spec.slo.ttft_ms, f"{p} TTFT {ttft_ms:.0f} ms > SLO {spec.slo.ttft_ms:g}"))
-    if observation.tpot_s is not None and observation.tpot_s * 1000.0 > spec.slo.tpot_ms * (1 + BREACH_TOLERANCE):
-        tpot_ms = observation.tpot_s * 1000.0
-        breaches.append(("tpot", tpot_ms / spec.slo.tpot_ms, f"{p} TPOT {tpot_ms:.1f} ms > SLO {spec.slo.tpot_ms:g}"))
+    tpot_ms, tpot_name = _tpot_for_breach(observation, p)
+    if tpot_ms is not None and tpot_ms > spec.slo.tpot_ms * (1 + BREACH_TOLERANCE):
+        breaches.append(("tpot", tpot_ms / spec.slo.tpot_ms,
+                         f"{tpot_name} {tpot_ms:.1f} ms > SLO {spec.slo.tpot_ms:g}"))
     if breaches:
         name, ratio, text = max(breaches, key=lambda b: b[1])
         corrected = max(ready + 1, math.ceil(ready * min(ratio, 2.0)))
@@ -285,6 +289,16 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
             wanted, binding = drain, "queue"
         reasons.append(f"{waiting:.0f} requests waiting")
     return wanted, binding, reasons
+
+
+def _tpot_for_breach(observation: Observation, percentile: str) -> tuple[float | None, str]:
+    """(ms, what it is) of the TPOT to hold against the SLO: the percentile where its histogram resolves
+    it; where it fell in the first bucket, the mean, which the percentile is at least."""
+    if observation.tpot_s is not None:
+        return observation.tpot_s * 1000.0, f"{percentile} TPOT"
+    if observation.bound_of("tpot_s") is not None and observation.tpot_mean_s is not None:
+        return observation.tpot_mean_s * 1000.0, f"mean TPOT ({percentile} below the histogram's resolution)"
+    return None, ""
 
 
 def decide(observation: Observation | None, context: ReplicaContext, history: ScalingHistory,

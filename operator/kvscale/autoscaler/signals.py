@@ -16,6 +16,15 @@ PEAK_RATE_STEP_S = 5.0
 
 
 @dataclass(frozen=True)
+class BelowResolution:
+    """A percentile that fell in its histogram's first bucket: it is at most `at_most` (seconds, or
+    tokens for prompt lengths), and nothing more is known. Its Observation field is None."""
+
+    signal: str  # the Observation field: ttft_s, tpot_s, prefill_quantile_s, input_tokens_quantile
+    at_most: float
+
+
+@dataclass(frozen=True)
 class Observation:
     """One deployment's load, aggregated over its serving pods, sampled at `sampled_at_s` (epoch s).
 
@@ -25,7 +34,7 @@ class Observation:
 
     sampled_at_s: float
     pods_scraped: int
-    request_rate: float | None  # finished requests/s
+    request_rate: float | None  # served requests/s (finished, neither aborted nor failed)
     mean_input_tokens: float | None
     mean_output_tokens: float | None
     running_requests: float | None
@@ -45,6 +54,17 @@ class Observation:
     # running sequences averaged over the window, summed over pods: the batch the window's TPOT was
     # decoded at (calibration), where `running_requests` is one instant's
     mean_running_requests: float | None = None
+    aborted_rate: float | None = None  # requests/s the client abandoned (vLLM finished_reason abort)
+    failed_rate: float | None = None  # requests/s the engine failed (finished_reason error)
+    # prompt length at the SLO percentile (vLLM's request_prompt_tokens): the prompt tail where the
+    # prefill-time buckets cannot resolve it
+    input_tokens_quantile: float | None = None
+    # percentiles the histograms could not resolve (first bucket): their fields above are None
+    below_resolution: tuple[BelowResolution, ...] = ()
+
+    def bound_of(self, signal: str) -> float | None:
+        """The upper bound known for a percentile field the histogram could not resolve, else None."""
+        return next((b.at_most for b in self.below_resolution if b.signal == signal), None)
 
 
 class ObservationProblem(str):
@@ -80,6 +100,9 @@ def check_observation(observation: Observation | None, now_s: float, max_age_s: 
         ("TPOT", observation.tpot_s, MAX_PLAUSIBLE_LATENCY_S),
         ("mean TPOT", observation.tpot_mean_s, MAX_PLAUSIBLE_LATENCY_S),
         ("preemption rate", observation.preemption_rate, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("aborted request rate", observation.aborted_rate, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("failed request rate", observation.failed_rate, MAX_PLAUSIBLE_REQUEST_RATE),
+        ("prompt tokens at the SLO percentile", observation.input_tokens_quantile, MAX_PLAUSIBLE_TOKENS),
     )
     for name, value, upper in checks:
         if _bad(value, upper):

@@ -30,7 +30,7 @@ from kvscale.autoscaler import (
     decide,
 )
 from kvscale.autoscaler.policy import METRICS_MAX_AGE_S, build_calibration_sample
-from kvscale.autoscaler.signals import check_observation
+from kvscale.autoscaler.signals import BelowResolution, check_observation
 from kvscale.perfmodel.replica import ServingSetup
 from kvscale.planner import Candidate
 
@@ -93,18 +93,37 @@ def _observed_status(observation: Observation) -> ObservedStatus:
         tpot_p95_ms=ms(observation.tpot_s),
         requests_per_second=None if observation.request_rate is None else round(observation.request_rate, 3),
         kv_cache_usage=None if usage is None else round(min(max(usage, 0.0), 1.0), 3),
-        running_requests=observation.running_requests,
+        running_requests=_rounded(observation.running_requests, 3),
         waiting_requests=observation.waiting_requests,
+        aborted_per_second=_rounded(observation.aborted_rate, 3),
+        failed_per_second=_rounded(observation.failed_rate, 3),
+        tpot_mean_ms=ms(observation.tpot_mean_s),
+        below_resolution=[_below_text(b) for b in observation.below_resolution] or None,
         sampled_at=format_time(datetime.fromtimestamp(observation.sampled_at_s, UTC)),
     )
 
 
+_BELOW_NAMES = {"ttft_s": ("TTFT", "ms"), "tpot_s": ("TPOT", "ms"), "prefill_quantile_s": ("prefill time", "ms"),
+                "input_tokens_quantile": ("prompt length", "tokens")}
+
+
+def _below_text(below: BelowResolution) -> str:
+    name, unit = _BELOW_NAMES.get(below.signal, (below.signal, ""))
+    bound = below.at_most * 1000.0 if unit == "ms" else below.at_most
+    return f"{name} <= {bound:g} {unit} (the histogram's first bucket)"
+
+
 def _slo_met(spec: LLMDeploymentSpec, observation: Observation) -> bool | None:
+    """Whether the percentiles met the SLOs; a percentile in its first bucket meets an SLO at or above
+    that bucket's bound, and says nothing of a tighter one."""
     checks = []
-    if observation.ttft_s is not None:
-        checks.append(observation.ttft_s * 1000.0 <= spec.slo.ttft_ms)
-    if observation.tpot_s is not None:
-        checks.append(observation.tpot_s * 1000.0 <= spec.slo.tpot_ms)
+    for value, signal, slo_ms in ((observation.ttft_s, "ttft_s", spec.slo.ttft_ms),
+                                  (observation.tpot_s, "tpot_s", spec.slo.tpot_ms)):
+        bound = observation.bound_of(signal)
+        if value is not None:
+            checks.append(value * 1000.0 <= slo_ms)
+        elif bound is not None and bound * 1000.0 <= slo_ms:
+            checks.append(True)
     return all(checks) if checks else None
 
 

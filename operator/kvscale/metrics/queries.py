@@ -4,7 +4,17 @@ Series are grouped by the target labels that name a deployment (`namespace`, `ll
 default: relabel the pod label `kvscale.dev/llmdeployment` to `llmdeployment` in the scrape config).
 vLLM's current names come first, with `or` fallbacks to renamed ones (`gpu_cache_usage_perc`,
 `time_per_output_token_seconds`) and to SGLang's. SGLang exports one series per TP rank, so its gauges
-are reduced per pod with `max` before summing over pods.
+are reduced per pod with `max` before summing over pods; vLLM exports one series per data-parallel
+engine (label `engine`), so pods are counted as pods, not series.
+
+What a real vLLM showed that a simulator hides:
+* finished requests carry `finished_reason` stop, length, abort, error (and repetition): only the
+  ones served count as served demand; aborted and failed ones are read separately.
+* gauges are one instant: `num_requests_running` reads 0 between two engine steps even when every
+  client is busy, so they are averaged over the last GAUGE_SMOOTHING_S.
+* percentiles are read as buckets, not through histogram_quantile: the caller must know when the
+  percentile fell in the first bucket (vLLM's prefill buckets start at 0.3 s, its TPOT ones at 10 ms),
+  where the interpolated figure is a fraction of the bound, not a measurement.
 """
 
 from __future__ import annotations
@@ -12,6 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, PEAK_RATE_STEP_S
+
+# Gauges are averaged over this long (two scrapes at the common 15 s interval, 15 at the bed's 2 s).
+GAUGE_SMOOTHING_S = 30
+# vLLM's finished_reason values for requests that were not served (llm-d-inference-sim spells the label
+# finish_reason): they are not served demand.
+FINISH_REASON_LABELS = ("finished_reason", "finish_reason")
+SERVED = ",".join(f'{label}!~"abort|error"' for label in FINISH_REASON_LABELS)
 
 
 @dataclass(frozen=True)
@@ -46,9 +63,24 @@ def _mean_of_histogram(metric: str, labels: MetricsLabels, window: str) -> str:
     return f"{_sum_rate(metric + '_sum', labels, window)} / {_sum_rate(metric + '_count', labels, window)}"
 
 
-def _quantile(metric: str, labels: MetricsLabels, window: str, quantile: float) -> str:
-    return (f"histogram_quantile({quantile:g}, sum by ({labels.group}, le) "
-            f"(rate({metric}_bucket[{window}])))")
+def _buckets(labels: MetricsLabels, window: str, *metrics: str) -> str:
+    """Bucket rates (cumulative, by `le`) of the first histogram a deployment exports. The fallbacks are
+    per deployment (`unless on`), never per bucket: two families' buckets must not mix."""
+    families = [f"sum by ({labels.group}, le) (rate({metric}_bucket[{window}]))" for metric in metrics]
+    parts = [f"({families[0]})"]
+    for index in range(1, len(families)):
+        earlier = " or ".join(f"({family})" for family in families[:index])
+        parts.append(f"(({families[index]}) unless on ({labels.group}) ({earlier}))")
+    return " or ".join(parts)
+
+
+def _unserved(reason: str, labels: MetricsLabels, window: str) -> list[str]:
+    return [_sum_rate(f'vllm:request_success_total{{{label}="{reason}"}}', labels, window)
+            for label in FINISH_REASON_LABELS]
+
+
+def _smoothed_gauge(metric: str, labels: MetricsLabels, reduce: str = "sum") -> str:
+    return f"{reduce} by ({labels.group}) (avg_over_time({metric}[{GAUGE_SMOOTHING_S}s]))"
 
 
 def _peak_rate(metric: str, labels: MetricsLabels, window: str) -> str:
@@ -61,47 +93,61 @@ def _first_of(*queries: str) -> str:
     return " or ".join(f"({q})" for q in queries)
 
 
-def build_queries(labels: MetricsLabels, window_s: int, quantile: float) -> dict[str, str]:
-    """The PromQL of each Observation field, keyed by field name."""
+def build_bucket_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]:
+    """The PromQL of the bucket rates behind each percentile field of Observation, keyed by field."""
     w = f"{max(int(window_s), 1)}s"
     return {
-        "pods_scraped": _first_of(f"count by ({labels.group}) (vllm:num_requests_running)",
+        "ttft_s": _buckets(labels, w, "vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+        "tpot_s": _buckets(labels, w, "vllm:request_time_per_output_token_seconds",
+                           "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds",
+                           "sglang:inter_token_latency_seconds"),
+        # The prefill-time buckets (0.3, 0.5, 0.8, 1 s, ...) resolve a long-prompt tail far better than
+        # the prompt-length ones (1-2-5 per decade: 5k-10k tokens is one bucket); below 0.3 s they do
+        # not resolve it at all, and the prompt lengths are what is left.
+        "prefill_quantile_s": _buckets(labels, w, "vllm:request_prefill_time_seconds"),
+        "input_tokens_quantile": _buckets(labels, w, "vllm:request_prompt_tokens"),
+    }
+
+
+def build_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]:
+    """The PromQL of each scalar Observation field, keyed by field name."""
+    w = f"{max(int(window_s), 1)}s"
+    served = f"vllm:request_success_total{{{SERVED}}}"
+    return {
+        "pods_scraped": _first_of(f"count by ({labels.group}) (count by ({labels.group}, {labels.pod}) "
+                                  "(vllm:num_requests_running))",
                                   _per_pod_gauge("sglang:num_running_reqs", labels, "count")),
         "sampled_at_s": _first_of(f"max by ({labels.group}) (timestamp(vllm:num_requests_running))",
                                   f"max by ({labels.group}) (timestamp(sglang:num_running_reqs))"),
-        "request_rate": _first_of(_sum_rate("vllm:request_success_total", labels, w),
+        "request_rate": _first_of(_sum_rate(served, labels, w),
                                   _sum_rate("sglang:num_requests_total", labels, w)),
-        "peak_request_rate": _first_of(_peak_rate("vllm:request_success_total", labels, w),
+        "peak_request_rate": _first_of(_peak_rate(served, labels, w),
                                        _peak_rate("sglang:num_requests_total", labels, w)),
+        "aborted_rate": _first_of(*_unserved("abort", labels, w),
+                                  _sum_rate("sglang:num_aborted_requests_total", labels, w)),
+        "failed_rate": _first_of(*_unserved("error", labels, w)),
         "mean_input_tokens": _first_of(_mean_of_histogram("vllm:request_prompt_tokens", labels, w),
                                        f"{_sum_rate('sglang:prompt_tokens_total', labels, w)} / "
                                        f"{_sum_rate('sglang:num_requests_total', labels, w)}"),
         "mean_output_tokens": _first_of(_mean_of_histogram("vllm:request_generation_tokens", labels, w),
                                         f"{_sum_rate('sglang:generation_tokens_total', labels, w)} / "
                                         f"{_sum_rate('sglang:num_requests_total', labels, w)}"),
-        "running_requests": _first_of(f"sum by ({labels.group}) (vllm:num_requests_running)",
-                                      _per_pod_gauge("sglang:num_running_reqs", labels)),
+        "running_requests": _first_of(_smoothed_gauge("vllm:num_requests_running", labels),
+                                      _per_pod_gauge(f"avg_over_time(sglang:num_running_reqs[{GAUGE_SMOOTHING_S}s])",
+                                                     labels)),
         "mean_running_requests": _first_of(
             f"sum by ({labels.group}) (avg_over_time(vllm:num_requests_running[{w}]))",
             _per_pod_gauge(f"avg_over_time(sglang:num_running_reqs[{w}])", labels)),
         "waiting_requests": _first_of(f"sum by ({labels.group}) (vllm:num_requests_waiting)",
                                       _per_pod_gauge("sglang:num_queue_reqs", labels)),
-        "kv_cache_usage": _first_of(f"avg by ({labels.group}) (vllm:kv_cache_usage_perc)",
-                                    f"avg by ({labels.group}) (vllm:gpu_cache_usage_perc)",
-                                    _per_pod_gauge("sglang:token_usage", labels, "avg")),
-        "ttft_s": _first_of(_quantile("vllm:time_to_first_token_seconds", labels, w, quantile),
-                            _quantile("sglang:time_to_first_token_seconds", labels, w, quantile)),
-        "tpot_s": _first_of(_quantile("vllm:request_time_per_output_token_seconds", labels, w, quantile),
-                            _quantile("vllm:inter_token_latency_seconds", labels, w, quantile),
-                            _quantile("vllm:time_per_output_token_seconds", labels, w, quantile),
-                            _quantile("sglang:inter_token_latency_seconds", labels, w, quantile)),
+        "kv_cache_usage": _first_of(_smoothed_gauge("vllm:kv_cache_usage_perc", labels, "avg"),
+                                    _smoothed_gauge("vllm:gpu_cache_usage_perc", labels, "avg"),
+                                    _per_pod_gauge(f"avg_over_time(sglang:token_usage[{GAUGE_SMOOTHING_S}s])",
+                                                   labels, "avg")),
         "tpot_mean_s": _first_of(_mean_of_histogram("vllm:request_time_per_output_token_seconds", labels, w),
                                  _mean_of_histogram("vllm:inter_token_latency_seconds", labels, w),
                                  _mean_of_histogram("vllm:time_per_output_token_seconds", labels, w),
                                  _mean_of_histogram("sglang:inter_token_latency_seconds", labels, w)),
         "preemption_rate": _sum_rate("vllm:num_preemptions_total", labels, w),
         "prefill_s": _mean_of_histogram("vllm:request_prefill_time_seconds", labels, w),
-        # The prefill-time buckets (0.3, 0.5, 0.8, 1 s, ...) resolve a long-prompt tail far better than
-        # the prompt-length ones (1-2-5 per decade: 5k-10k tokens is one bucket).
-        "prefill_quantile_s": _quantile("vllm:request_prefill_time_seconds", labels, w, quantile),
     }

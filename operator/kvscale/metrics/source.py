@@ -11,9 +11,10 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.exceptions import RequestException
 
-from kvscale.autoscaler.signals import Observation
+from kvscale.autoscaler.histogram import bucketed_percentile
+from kvscale.autoscaler.signals import BelowResolution, Observation
 from kvscale.errors import KvscaleError
-from kvscale.metrics.queries import DeploymentKey, MetricsLabels, build_queries
+from kvscale.metrics.queries import DeploymentKey, MetricsLabels, build_bucket_queries, build_queries
 
 DEFAULT_WINDOW_S = 60
 QUERY_TIMEOUT_S = 10
@@ -89,12 +90,26 @@ class PrometheusSource:
                 values[DeploymentKey(namespace, name)] = value
         return values
 
-    def fetch(self, keys: Iterable[DeploymentKey], quantile: float) -> FetchResult:
-        """Observations for `keys` at one SLO quantile; a deployment with no series gets none."""
+    def _query_buckets(self, promql: str, at_s: float | None) -> dict[DeploymentKey, list[tuple[float, float]]]:
+        """(upper bound, cumulative rate) per deployment, from a `sum by (..., le)` of bucket rates."""
+        buckets: dict[DeploymentKey, list[tuple[float, float]]] = {}
+        for row in self._rows(promql, at_s):
+            metric = row.get("metric", {})
+            namespace, name = metric.get(self.labels.namespace), metric.get(self.labels.deployment)
+            bound, value = _number(metric.get("le")), _number((row.get("value") or [None, None])[1])
+            if namespace and name and bound is not None and value is not None:
+                buckets.setdefault(DeploymentKey(namespace, name), []).append((bound, value))
+        return buckets
+
+    def fetch(self, keys: Iterable[DeploymentKey], quantile: float, at_s: float | None = None) -> FetchResult:
+        """Observations for `keys` at one SLO quantile; a deployment with no series gets none.
+        `at_s` evaluates at that instant (epoch s) instead of Prometheus's now."""
         wanted = set(keys)
-        at_s = self._evaluation_time_s()
+        at_s = self._evaluation_time_s() if at_s is None else at_s
         columns = {field: self._query(promql, at_s) for field, promql in
-                   build_queries(self.labels, self.window_s, quantile).items()}
+                   build_queries(self.labels, self.window_s).items()}
+        histograms = {field: self._query_buckets(promql, at_s) for field, promql in
+                      build_bucket_queries(self.labels, self.window_s).items()}
         observations: dict[DeploymentKey, Observation] = {}
         prefill: dict[DeploymentKey, float] = {}
         for key in wanted:
@@ -107,6 +122,14 @@ class PrometheusSource:
                 # histogram_quantile over an empty window is NaN: "no requests finished", not broken
                 return None if value is None or (math.isnan(value) and field.endswith("_s")) else value
 
+            percentiles: dict[str, float | None] = {}
+            below: list[BelowResolution] = []
+            for field, by_key in histograms.items():
+                read = bucketed_percentile(quantile, by_key.get(key, ()))
+                if read is not None and not read.resolved:
+                    below.append(BelowResolution(field, read.upper))
+                percentiles[field] = read.value if read is not None and read.resolved else None
+
             observations[key] = Observation(
                 sampled_at_s=sampled, window_s=float(self.window_s),
                 pods_scraped=int(get("pods_scraped") or 0),
@@ -117,12 +140,16 @@ class PrometheusSource:
                 mean_running_requests=get("mean_running_requests"),
                 waiting_requests=get("waiting_requests"),
                 kv_cache_usage=get("kv_cache_usage"),
-                ttft_s=get("ttft_s"),
-                tpot_s=get("tpot_s"),
+                ttft_s=percentiles["ttft_s"],
+                tpot_s=percentiles["tpot_s"],
                 preemption_rate=get("preemption_rate"),
                 tpot_mean_s=_finite(get("tpot_mean_s")),
-                prefill_quantile_s=_finite(get("prefill_quantile_s")),
+                prefill_quantile_s=percentiles["prefill_quantile_s"],
                 peak_request_rate=_finite(get("peak_request_rate")),
+                aborted_rate=get("aborted_rate"),
+                failed_rate=get("failed_rate"),
+                input_tokens_quantile=percentiles["input_tokens_quantile"],
+                below_resolution=tuple(below),
             )
             prefill_value = _finite(get("prefill_s"))
             if prefill_value is not None:

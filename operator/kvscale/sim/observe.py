@@ -7,6 +7,7 @@ would); gauges (running, waiting, KV-cache usage) are read at the sample time.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kvscale.autoscaler import Observation
-from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S
+from kvscale.autoscaler.histogram import BucketedPercentile, bucketed_percentile
+from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, BelowResolution
 from kvscale.sim.server import Replica, RequestLog
 
 Array = NDArray[np.float64]
@@ -24,20 +26,18 @@ REQUEST_LATENCY_BUCKETS_S = np.array([0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10
                                       60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0])
 
 
-def histogram_quantile(quantile: float, values: Array, bounds: Array) -> float | None:
-    """Prometheus' histogram_quantile over `values` counted into buckets with upper `bounds`: linear
-    within the bucket holding the rank; the highest finite bound when the rank is in +Inf."""
+# vLLM's request_prompt_tokens buckets: 1-2-5 per decade up to the model length (here past any prompt).
+PROMPT_TOKEN_BUCKETS = np.array([m * 10.0 ** e for e in range(7) for m in (1, 2, 5)])
+
+
+def histogram_percentile(quantile: float, values: Array, bounds: Array) -> BucketedPercentile | None:
+    """What Prometheus reads of `values` counted into buckets with upper `bounds` (a +Inf bucket
+    added), with the bucket it came from; None when there are no values."""
     if values.size == 0:
         return None
     counts = np.cumsum(np.bincount(np.searchsorted(bounds, values, side="left"), minlength=bounds.size + 1))
-    rank = quantile * counts[-1]
-    b = int(np.searchsorted(counts, rank, side="left"))
-    if b >= bounds.size:
-        return float(bounds[-1])
-    lower = float(bounds[b - 1]) if b > 0 else 0.0
-    below = float(counts[b - 1]) if b > 0 else 0.0
-    inside = float(counts[b]) - below
-    return float(lower + (float(bounds[b]) - lower) * ((rank - below) / inside if inside else 1.0))
+    return bucketed_percentile(quantile, zip([*bounds.tolist(), math.inf], counts.astype(float).tolist(),
+                                             strict=True))
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,9 @@ class FleetScraper:
         running = float(sum(len(p.running) for p in pods))
         waiting = float(sum(len(p.waiting) for p in pods))
         usage = float(np.mean([p.kv_usage for p in pods])) if pods else None
+        bucketed = {"prefill_quantile_s": histogram_percentile(q / 100.0, prefill, REQUEST_LATENCY_BUCKETS_S),
+                    "input_tokens_quantile": histogram_percentile(
+                        q / 100.0, log.input_tokens[finished].astype(np.float64), PROMPT_TOKEN_BUCKETS)}
         observation = Observation(
             sampled_at_s=now_s,
             pods_scraped=pods_scraped,
@@ -132,7 +135,10 @@ class FleetScraper:
             ttft_s=float(np.percentile(ttft, q)) if ttft.size else None,
             tpot_s=float(np.percentile(tpot, q)) if tpot.size else None,
             preemption_rate=preemptions / covered_s if pods else None,
-            prefill_quantile_s=histogram_quantile(q / 100.0, prefill, REQUEST_LATENCY_BUCKETS_S),
+            prefill_quantile_s=_resolved(bucketed["prefill_quantile_s"]),
+            input_tokens_quantile=_resolved(bucketed["input_tokens_quantile"]),
+            below_resolution=tuple(BelowResolution(signal, read.upper) for signal, read in bucketed.items()
+                                   if read is not None and not read.resolved),
             peak_request_rate=self._peak_rate() if pods else None,
             window_s=covered_s,
             # output-token-weighted mean inter-token time, as sum/count of vLLM's histogram gives it
@@ -142,3 +148,7 @@ class FleetScraper:
             observation=observation,
             mean_prefill_s=float(np.mean(prefill)) if prefill.size else None,
         )
+
+
+def _resolved(read: BucketedPercentile | None) -> float | None:
+    return read.value if read is not None and read.resolved else None

@@ -1,0 +1,56 @@
+"""Percentiles from a Prometheus histogram's buckets, and whether the buckets resolve them.
+
+`histogram_quantile()` interpolates linearly inside the bucket that holds the rank, from 0 in the
+first bucket. A percentile that falls in the first bucket is therefore a fraction of that bucket's
+bound whatever the real values are: vLLM's prefill-time buckets start at 0.3 s, so every prefill
+shorter than that reads as 0.285 s at p95. Such a figure is only an upper bound and must not be fitted
+to; this module says so instead of returning it as a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BucketedPercentile:
+    """A percentile read from cumulative buckets: Prometheus's interpolated `value`, and the bucket
+    `(lower, upper]` that holds it (upper is inf for the +Inf bucket)."""
+
+    value: float
+    lower: float
+    upper: float
+
+    @property
+    def resolved(self) -> bool:
+        """False when the rank fell in the first bucket: all that is known is `value <= upper`."""
+        return self.lower > 0.0 or not math.isfinite(self.upper)
+
+
+def bucketed_percentile(quantile: float, buckets: Iterable[tuple[float, float]]) -> BucketedPercentile | None:
+    """Prometheus's histogram_quantile over `(upper bound, cumulative count or rate)` pairs, with the
+    bucket it came from; None when the histogram is empty (nothing observed in the window).
+
+    As in Prometheus: linear inside the bucket holding the rank; the highest finite bound when the
+    rank is in the +Inf bucket (a lower bound of the true value, which is still safe to alarm on).
+    """
+    ordered = sorted((bound, count) for bound, count in buckets if not math.isnan(count))
+    if not ordered or not math.isinf(ordered[-1][0]):
+        return None  # no +Inf bucket: not a complete histogram
+    total = ordered[-1][1]
+    if not total > 0.0:
+        return None
+    rank = quantile * total
+    below, lower = 0.0, 0.0
+    for index, (upper, cumulative) in enumerate(ordered):
+        if cumulative >= rank:
+            if math.isinf(upper):
+                finite = ordered[index - 1][0] if index > 0 else 0.0
+                return BucketedPercentile(value=finite, lower=finite, upper=upper)
+            inside = cumulative - below
+            share = (rank - below) / inside if inside > 0 else 1.0
+            return BucketedPercentile(value=lower + (upper - lower) * share, lower=lower, upper=upper)
+        below, lower = max(below, cumulative), upper
+    return None

@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 help:
 	@echo "make demo    - run the main demo"
-	@echo "make test    - lint, type-check, unit tests, then the tests on the real test bed"
+	@echo "make test    - lint, type-check, unit tests, the tests on the real test bed, and a real vLLM on it"
 	@echo "make bench   - accuracy and speed benchmarks (prints figures)"
 	@echo "make test-vllm - a real vLLM (PyPI CPU build) serving a pod on the test bed; captures its /metrics"
 	@echo "make crds    - regenerate crds/ from the pydantic models"
@@ -51,10 +51,11 @@ testbed-down:
 test-bed: venv testbed-build
 	bash tests/testbed/run-bed-tests.sh
 
-test: lint typecheck test-unit test-bed
+# The real vLLM run is part of `make test`: cold it adds about 6 minutes (docs/testing.md).
+test: lint typecheck test-unit test-bed test-vllm
 
 # A real vLLM (the CPU build from PyPI, in its own cached virtualenv) as one pod of an LLMDeployment on
-# the bed; it rewrites the captured /metrics fixture that `make test` replays (tests/realvllm/README.md).
+# the bed; it rewrites the captured /metrics fixture that test-bed replays (tests/realvllm/README.md).
 test-vllm: venv testbed-build
 	bash tests/realvllm/install.sh
 	KVSCALE_BED_TESTS=tests/realvllm KVSCALE_BED_TEST_TIMEOUT_S=900 bash tests/testbed/run-bed-tests.sh

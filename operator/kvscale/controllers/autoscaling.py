@@ -94,7 +94,7 @@ def _observed_status(observation: Observation) -> ObservedStatus:
         requests_per_second=None if observation.request_rate is None else round(observation.request_rate, 3),
         kv_cache_usage=None if usage is None else round(min(max(usage, 0.0), 1.0), 3),
         running_requests=_rounded(observation.running_requests, 3),
-        waiting_requests=observation.waiting_requests,
+        waiting_requests=_rounded(observation.waiting_requests, 3),
         aborted_per_second=_rounded(observation.aborted_rate, 3),
         failed_per_second=_rounded(observation.failed_rate, 3),
         tpot_mean_ms=ms(observation.tpot_mean_s),

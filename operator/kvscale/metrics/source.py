@@ -79,26 +79,27 @@ class PrometheusSource:
         rows = self._rows("vector(time())", None)
         return _number((rows[0].get("value") or [None, None])[1]) if rows else None
 
-    def _query(self, promql: str, at_s: float | None) -> dict[DeploymentKey, float]:
-        rows = self._rows(promql, at_s)
-        values: dict[DeploymentKey, float] = {}
-        for row in rows:
+    def _samples(self, promql: str, at_s: float | None) -> list[tuple[DeploymentKey, dict[str, Any], float]]:
+        """(deployment, labels, value) of every sample that names a deployment and holds a number."""
+        samples = []
+        for row in self._rows(promql, at_s):
             metric = row.get("metric", {})
             namespace, name = metric.get(self.labels.namespace), metric.get(self.labels.deployment)
             value = _number((row.get("value") or [None, None])[1])
             if namespace and name and value is not None:
-                values[DeploymentKey(namespace, name)] = value
-        return values
+                samples.append((DeploymentKey(namespace, name), metric, value))
+        return samples
+
+    def _query(self, promql: str, at_s: float | None) -> dict[DeploymentKey, float]:
+        return {key: value for key, _labels, value in self._samples(promql, at_s)}
 
     def _query_buckets(self, promql: str, at_s: float | None) -> dict[DeploymentKey, list[tuple[float, float]]]:
         """(upper bound, cumulative rate) per deployment, from a `sum by (..., le)` of bucket rates."""
         buckets: dict[DeploymentKey, list[tuple[float, float]]] = {}
-        for row in self._rows(promql, at_s):
-            metric = row.get("metric", {})
-            namespace, name = metric.get(self.labels.namespace), metric.get(self.labels.deployment)
-            bound, value = _number(metric.get("le")), _number((row.get("value") or [None, None])[1])
-            if namespace and name and bound is not None and value is not None:
-                buckets.setdefault(DeploymentKey(namespace, name), []).append((bound, value))
+        for key, labels, value in self._samples(promql, at_s):
+            bound = _number(labels.get("le"))
+            if bound is not None:
+                buckets.setdefault(key, []).append((bound, value))
         return buckets
 
     def fetch(self, keys: Iterable[DeploymentKey], quantile: float, at_s: float | None = None) -> FetchResult:

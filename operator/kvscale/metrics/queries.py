@@ -12,7 +12,7 @@ What a real vLLM showed that a simulator hides:
   ones served count as served demand; aborted and failed ones are read separately (a client that
   disconnects is not counted there at all: see `_client_aborts`).
 * gauges are one instant, taken at an engine step: a real vLLM 0.32 with 4 busy clients read
-  `num_requests_running` 0 in 53 of 55 scrapes. Gauges are averaged over the last GAUGE_SMOOTHING_S,
+  `num_requests_running` 0 in 32 of 40 scrapes. Gauges are averaged over the last GAUGE_SMOOTHING_S,
   and requests running (waiting) are at least what Little's law gives from the time finished requests
   spent running (waiting) per second (`rate(vllm:request_inference_time_seconds_sum)`), a counter no
   scrape can miss.

@@ -32,6 +32,10 @@ from kvscale.metrics.queries import GAUGE_SMOOTHING_S
 CAPTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-real" / "capture.jsonl.gz"
 NAMESPACE = "vllm-contract"
 WINDOW_S = 40
+# The capture's snapshots are >= 2 s apart and the bed scrapes every 2 s: stretched by 1.5, each lasts
+# past a scrape, so Prometheus stores every one (rates read 1/1.5 of the captured ones; the expected
+# values are computed on the same stretched clock).
+TIME_SCALE = 1.5
 QUANTILE = 0.95
 LOOKBACK_S = 300.0  # Prometheus's instant-vector lookback
 UNSERVED = {"abort", "error"}
@@ -222,18 +226,24 @@ def capture() -> list[Snapshot]:
 
 def test_every_observation_field_equals_the_raw_counters_of_a_real_vllm(
         prometheus: Prometheus, capture: list[Snapshot]) -> None:
-    start_s = time.time()
-    replays = {"single": MetricsReplay(capture, start_s, engines=1),
-               "dual": MetricsReplay(capture, start_s, engines=2)}
+    replays = {"single": MetricsReplay(capture, engines=1, time_scale=TIME_SCALE),
+               "dual": MetricsReplay(capture, engines=2, time_scale=TIME_SCALE)}
     with replays["single"], replays["dual"]:
         for name, replay in replays.items():
             prometheus.add_target(f"vllm-contract-{name}", replay.host_port,
                                   {"namespace": NAMESPACE, "llmdeployment": name, "pod": f"{name}-0"})
         try:
-            # Every snapshot scraped: Prometheus holds the whole capture with its own timestamps.
+            # Scraped already (an empty body) before the first snapshot is due, so none is missed.
+            for replay in replays.values():
+                prometheus.wait_for_target_up(replay.host_port, timeout=60)
+            start_s = time.time() + 1.0
+            for replay in replays.values():
+                replay.begin(start_s)
             end_s = max(r.end_s for r in replays.values())
-            wait_until(lambda: time.time() > end_s + 3 and all(r.scrapes > 0 for r in replays.values()),
-                       end_s - time.time() + 60, "the whole capture to be replayed")
+            wait_until(lambda: time.time() > end_s + 3, end_s - time.time() + 60, "the whole capture to be replayed")
+            # The premise of every comparison below: Prometheus stored every snapshot, at its own time.
+            stored = prometheus.query(f'count_over_time(vllm:num_requests_running{{namespace="{NAMESPACE}"}}[1h])')
+            assert sorted(int(float(r["value"][1])) for r in stored) == [len(capture)] * 3, stored
             source = PrometheusSource(prometheus.url, window_s=WINDOW_S)
             evaluated = _evaluation_times(replays["single"])
             seen_defects: dict[str, int] = defaultdict(int)
@@ -257,6 +267,7 @@ def test_every_observation_field_equals_the_raw_counters_of_a_real_vllm(
 
 def _evaluation_times(replay: MetricsReplay) -> list[float]:
     """Instants a quarter second after every third snapshot that has a full window behind it."""
+    assert replay.start_s is not None
     first = replay.start_s + WINDOW_S + 2
     # whole milliseconds: the source sends the time as %.3f, and Prometheus keeps milliseconds
     times = [round(replay.at(s) + 0.25, 3) for s in replay.snapshots if replay.at(s) >= first]

@@ -4,9 +4,12 @@ A capture is a gzipped JSON-lines file, one snapshot per line: `{"t_s": seconds 
 snapshot, "text": the exposition as the server answered it}` (tests/realvllm/capture.py writes it).
 
 `MetricsReplay` serves, from a loopback HTTP server, the newest snapshot whose time has come
-(`start_s + t_s <= now`), every sample stamped with that instant (`value timestamp_ms`). Prometheus
-honours exposed timestamps, so the stored series have exactly the captured spacing, whatever the
-scrape interval; a test can then compute what every query must answer from the snapshots alone.
+(`start_s + time_scale * t_s <= now`), every sample stamped with that instant (`value timestamp_ms`).
+Prometheus honours exposed timestamps, so the stored series have exactly the (scaled) captured
+spacing, whatever the scrape timing; a test can then compute what every query must answer from the
+snapshots alone. A snapshot is stored only if a scrape falls within its time: `time_scale` stretches
+the capture so that every snapshot outlasts a scrape interval, and before `begin()` the endpoint
+serves no samples (Prometheus may take a few seconds to scrape a new target for the first time).
 
 `engines=N` repeats every series of engine "0" for engines "1".."N-1": one pod running N data-parallel
 engines, as vLLM exports them (one child per engine, label `engine`).
@@ -74,12 +77,13 @@ def stamped(text: str, timestamp_ms: int) -> str:
 class MetricsReplay:
     """A loopback /metrics endpoint replaying `snapshots` from `start_s` (epoch seconds)."""
 
-    def __init__(self, snapshots: Sequence[Snapshot], start_s: float, engines: int = 1) -> None:
+    def __init__(self, snapshots: Sequence[Snapshot], engines: int = 1, time_scale: float = 1.0) -> None:
         if not snapshots:
             raise ValueError("a replay needs at least one snapshot")
         self.snapshots = list(snapshots)
-        self.start_s = start_s
+        self.start_s: float | None = None
         self.engines = engines
+        self.time_scale = time_scale
         self.scrapes = 0
         replay = self
 
@@ -106,15 +110,23 @@ class MetricsReplay:
     def host_port(self) -> str:
         return f"127.0.0.1:{self._server.server_address[1]}"
 
+    def begin(self, start_s: float) -> None:
+        """Replay from `start_s` (epoch seconds): snapshot i is served from start_s + time_scale * t_i."""
+        self.start_s = start_s
+
     @property
     def end_s(self) -> float:
-        return self.start_s + self.snapshots[-1].t_s
+        return self.at(self.snapshots[-1])
 
     def at(self, snapshot: Snapshot) -> float:
         """The epoch time a snapshot is stamped with."""
-        return self.start_s + snapshot.t_s
+        if self.start_s is None:
+            raise RuntimeError("the replay has not begun")
+        return self.start_s + self.time_scale * snapshot.t_s
 
     def exposition(self, now_s: float) -> str:
+        if self.start_s is None or now_s < self.start_s:
+            return "# the replay has not begun\n"
         current = self.snapshots[0]
         for snapshot in self.snapshots:
             if self.at(snapshot) <= now_s:

@@ -32,6 +32,7 @@ class RequestShape:
     input_tokens: float
     output_tokens: float
     input_tokens_tail: float | None = None
+    prefix_cache_hit_rate: float = 0.0  # share of prompt tokens whose KV the prefix cache already holds
 
     def prompt_length_scv(self, quantile: float) -> float:
         """Squared coefficient of variation of prompt lengths, matched to the percentile prompt: 0 when

@@ -41,3 +41,11 @@ def tb_per_s_to_bytes_per_s(value_tb_per_s: float) -> float:
 
 def gb_per_s_to_bytes_per_s(value_gb_per_s: float) -> float:
     return value_gb_per_s * GB
+
+
+def bytes_per_s_to_gb_per_s(value_bytes_per_s: float) -> float:
+    return value_bytes_per_s / GB
+
+
+def flops_per_s_to_tflops(value_flops_per_s: float) -> float:
+    return value_flops_per_s / TERA

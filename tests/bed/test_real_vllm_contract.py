@@ -7,7 +7,9 @@ aborted by their client. tests/testbed/metricsreplay.py serves it with its own t
 one pod with one engine, and as one pod with two data-parallel engines. The expected values are
 computed here from the snapshots with Prometheus 2.x's own rules (extrapolated rate, closed ranges,
 subquery alignment), independently of kvscale's PromQL. Each of the five defects a real vLLM showed
-(issue 18) is checked to matter on this data, so undoing a fix fails this test.
+(issue 18) is checked to matter on this data, so undoing a fix fails this test. The capture was taken
+with --enable-mfu-metrics and prefix caching on (issue 13): the prefix-cache hit rate, the engine's
+per-GPU work counters (averaged over engines, not summed) and its steps/s are compared too.
 """
 
 from __future__ import annotations
@@ -106,6 +108,12 @@ class Raw:
         known = [r for r in rates if r is not None]
         return sum(known) if known else None
 
+    def mean_rate(self, name: str, at_s: float, range_s: float) -> float | None:
+        """avg by (deployment) (rate(...)): the mean over the series (one per engine)."""
+        rates = [_extrapolated_rate(samples, at_s, range_s) for _l, samples in self.select(name)]
+        known = [r for r in rates if r is not None]
+        return sum(known) / len(known) if known else None
+
     def sum_avg_over_time(self, name: str, at_s: float, range_s: float) -> float | None:
         means = [sum(v for _t, v in points) / len(points) for _l, samples in self.select(name)
                  if (points := _in_range(samples, at_s - range_s, at_s))]
@@ -169,6 +177,19 @@ def _aborted_rate(raw: Raw, at_s: float) -> float | None:
     return max(answered - finished, 0.0) + engine
 
 
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and value > 0 else None
+
+
+def _hit_rate(raw: Raw, at_s: float) -> float | None:
+    """Prompt tokens served from the prefix cache over those looked up; none where none were."""
+    queries = raw.sum_rate("vllm:prefix_cache_queries_total", at_s, WINDOW_S)
+    hits = raw.sum_rate("vllm:prefix_cache_hits_total", at_s, WINDOW_S)
+    if hits is None or not queries:
+        return None
+    return min(max(hits / queries, 0.0), 1.0)
+
+
 def expected_observation(raw: Raw, at_s: float) -> dict[str, object]:
     running_now = raw.instant("vllm:num_requests_running", at_s)
     percentiles = {field: raw.percentile(metric, at_s) for field, metric in (
@@ -204,10 +225,20 @@ def expected_observation(raw: Raw, at_s: float) -> dict[str, object]:
         **{field: value for field, (value, _bound) in percentiles.items()},
         "below_resolution": sorted((field, bound) for field, (_value, bound) in percentiles.items()
                                    if bound is not None),
+        "prefix_cache_hit_rate": _hit_rate(raw, at_s),
+        # --enable-mfu-metrics: per-GPU counters, one series per engine
+        "estimated_flops_per_s_per_gpu": _positive(raw.mean_rate("vllm:estimated_flops_per_gpu_total", at_s,
+                                                                 WINDOW_S)),
+        "estimated_read_bytes_per_s_per_gpu": _positive(raw.mean_rate("vllm:estimated_read_bytes_per_gpu_total",
+                                                                      at_s, WINDOW_S)),
+        "estimated_write_bytes_per_s_per_gpu": _positive(raw.mean_rate("vllm:estimated_write_bytes_per_gpu_total",
+                                                                       at_s, WINDOW_S)),
+        "engine_steps_per_s": _positive(raw.mean_rate("vllm:iteration_tokens_total_count", at_s, WINDOW_S)),
         # what the five defects would have read instead
         "all_finished_rate": raw.sum_rate("vllm:request_success_total", at_s, WINDOW_S),
         "running_one_scrape": sum(v for _t, v in running_now),
         "engine_series": len(running_now),
+        "flops_summed_over_engines": raw.sum_rate("vllm:estimated_flops_per_gpu_total", at_s, WINDOW_S),
     }
 
 
@@ -258,7 +289,9 @@ def test_every_observation_field_equals_the_raw_counters_of_a_real_vllm(
                     seen_defects.update(_defects_that_matter(observation, want))
             # The capture exercises every fix: undo one and the comparison above fails somewhere.
             for defect in ("aborted requests read apart from served ones", "engine series counted as pods",
-                           "one scrape of a gauge", "a first-bucket percentile read as a value"):
+                           "one scrape of a gauge", "a first-bucket percentile read as a value",
+                           "per-GPU work counted once per engine", "prefix-cache hit rate read",
+                           "engine work counters read"):
                 assert seen_defects[defect] > 0, (defect, dict(seen_defects))
         finally:
             for name in replays:
@@ -287,7 +320,8 @@ def _assert_fields(observation: Observation, want: dict[str, object], where: str
 
 
 def _defects_that_matter(observation: Observation, want: dict[str, object]) -> dict[str, int]:
-    """Which of the five defects would have shown in this observation."""
+    """Which of the five defects would have shown in this observation, and whether the issue-13 series
+    (prefix cache, engine work counters) were read."""
     found: dict[str, int] = defaultdict(int)
     if not _close(want["all_finished_rate"], observation.request_rate):
         found["engine aborts or errors counted as served"] += 1
@@ -299,4 +333,12 @@ def _defects_that_matter(observation: Observation, want: dict[str, object]) -> d
         found["one scrape of a gauge"] += 1
     if observation.below_resolution:
         found["a first-bucket percentile read as a value"] += 1
+    flops = observation.estimated_flops_per_s_per_gpu
+    if flops is not None and not _close(want["flops_summed_over_engines"], flops):
+        found["per-GPU work counted once per engine"] += 1
+    # the capture's prompts are random: the cache is queried and never hits, which reads 0, not unknown
+    if observation.prefix_cache_hit_rate is not None:
+        found["prefix-cache hit rate read"] += 1
+    if None not in (flops, observation.estimated_hbm_bytes_per_s_per_gpu, observation.engine_steps_per_s):
+        found["engine work counters read"] += 1
     return found

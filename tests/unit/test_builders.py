@@ -234,6 +234,58 @@ def test_image_override(spec: LLMDeploymentSpec, chosen: Candidate, h100: GpuSpe
     assert container(deploy(custom, chosen, h100))["image"] == "registry.local/vllm:patched"
 
 
+@pytest.mark.parametrize("image", [
+    "vllm/vllm-openai:v0.17.0",
+    "vllm/vllm-openai:0.17.1.post1",
+    "vllm/vllm-openai:v0.20.0-cu129",  # a build variant of a release
+    "vllm/vllm-openai-cpu:v0.32.0",
+    "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0",
+])
+def test_vllm_releases_that_export_the_mfu_counters_get_the_flag(spec: LLMDeploymentSpec, chosen: Candidate,
+                                                                   h100: GpuSpec, image: str) -> None:
+    args = container(deploy(with_changes(spec, serving={"image": image}), chosen, h100))["args"]
+    assert "--enable-mfu-metrics" in args
+    assert args[-2:] == ["--port", "8000"]
+
+
+@pytest.mark.parametrize("image", [
+    "vllm/vllm-openai:v0.16.0",  # accepts the flag but only logs: the counters came in 0.17.0
+    "vllm/vllm-openai:v0.11.0",
+    "vllm/vllm-openai:latest",
+    "vllm/vllm-openai:nightly",
+    "vllm/vllm-openai:v0.17.0rc1",
+    "vllm/vllm-openai",
+    "vllm/vllm-openai@sha256:" + "0" * 64,
+    "vllm/vllm-openai:v0.17.0@sha256:" + "0" * 64,
+    "registry.local:5000/vllm",
+    "registry.local/vllm:patched",
+    "ghcr.io/llm-d/llm-d-inference-sim:v0.20.0",  # not vLLM: its own versions, and it rejects unknown flags
+    "mycorp/llm-server:0.20.0",
+])
+def test_images_not_known_to_export_the_mfu_counters_do_not_get_the_flag(
+        spec: LLMDeploymentSpec, chosen: Candidate, h100: GpuSpec, image: str) -> None:
+    # vLLM rejects flags it does not know: the pod would crash-loop. extraArgs can add it.
+    assert "--enable-mfu-metrics" not in container(deploy(with_changes(spec, serving={"image": image}), chosen,
+                                                          h100))["args"]
+
+
+def test_the_default_images_and_sglang_get_no_mfu_flag(spec: LLMDeploymentSpec, chosen: Candidate,
+                                                       h100: GpuSpec) -> None:
+    # The pinned default (vllm-openai v0.11.0) predates the counters: its pods, and their spec hash, are
+    # as before.
+    assert "--enable-mfu-metrics" not in container(deploy(spec, chosen, h100))["args"]
+    sglang = with_changes(spec, serving={"engine": "sglang", "image": "vllm/vllm-openai:v0.20.0"})
+    assert "--enable-mfu-metrics" not in container(deploy(sglang, chosen, h100))["args"]
+
+
+def test_extra_args_can_turn_the_mfu_counters_off(spec: LLMDeploymentSpec, chosen: Candidate,
+                                                  h100: GpuSpec) -> None:
+    changed = with_changes(spec, serving={"image": "vllm/vllm-openai:v0.20.0",
+                                          "extraArgs": ["--no-enable-mfu-metrics"]})
+    args = container(deploy(changed, chosen, h100))["args"]
+    assert args.index("--enable-mfu-metrics") < args.index("--no-enable-mfu-metrics") == len(args) - 1
+
+
 def test_user_resources_node_selector_tolerations_and_env_are_merged(
     spec: LLMDeploymentSpec, chosen: Candidate, h100: GpuSpec
 ) -> None:
@@ -280,6 +332,7 @@ def test_spec_hash_changes_with_the_template_only(spec: LLMDeploymentSpec, chose
         deploy(with_changes(spec, serving={"extraArgs": ["--enable-prefix-caching"]}), chosen, h100),
         deploy(with_changes(spec, serving={"env": [{"name": "A", "value": "1"}]}), chosen, h100),
         deploy(with_changes(spec, serving={"image": "vllm/vllm-openai:v0.11.1"}), chosen, h100),
+        deploy(with_changes(spec, serving={"image": "vllm/vllm-openai:v0.17.0"}), chosen, h100),  # + the flag
         deploy(with_changes(spec, serving={"resources": {"limits": {"memory": "1Ti"}}}), chosen, h100),
     ]
     hashes = [spec_hash(d) for d in changed]

@@ -57,6 +57,40 @@ def test_predict_json() -> None:
     assert body["bound"] == "memory-bandwidth"
 
 
+@pytest.mark.parametrize(("flag", "value", "kind"), [("--concurrency", "50", "closed-loop"),
+                                                   ("--request-rate", "1", "open-loop"),
+                                                   ("--batch", "8", "static-batch")])
+def test_predict_says_which_load_it_modelled(flag: str, value: str, kind: str) -> None:
+    result = kvscale("predict", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-SXM", "--tp", "4",
+                     flag, value, "--input-tokens", "5000", "--output-tokens", "500", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["load"] == kind and body["load_value"] == float(value)
+    assert body["ttft_percentile_ms"] >= body["ttft_ms"] > 0
+    assert body["tpot_percentile_ms"] >= body["tpot_ms"] > 0
+    assert body["stable"] is True
+
+
+def test_predict_ttft_grows_with_concurrency_and_an_overload_says_so() -> None:
+    def closed(concurrency: int) -> dict[str, object]:
+        out = kvscale("predict", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-SXM", "--concurrency",
+                      str(concurrency), "--input-tokens", "4096", "--output-tokens", "256", "-o", "json")
+        assert out.returncode == 0, out.stderr
+        parsed: dict[str, object] = json.loads(out.stdout)
+        return parsed
+
+    one, fifty = closed(1), closed(50)
+    assert float(fifty["ttft_ms"]) > 1.5 * float(one["ttft_ms"])  # type: ignore[arg-type]
+    overload = kvscale("predict", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4",
+                       "--request-rate", "100", "--input-tokens", "4096")
+    assert overload.returncode == 0, overload.stderr
+    assert "overloaded" in overload.stdout
+    as_json = kvscale("predict", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L4", "--request-rate", "100",
+                      "--input-tokens", "4096", "-o", "json")
+    body = json.loads(as_json.stdout)  # strict JSON: an unbounded TTFT is null, not Infinity
+    assert body["stable"] is False and body["ttft_ms"] is None
+
+
 def test_predict_with_a_user_config_json(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16,

@@ -266,7 +266,7 @@ def test_planned_writes_create_what_is_missing_and_nothing_else() -> None:
 
 def test_a_changed_spec_rolls_the_deployment_and_an_edit_is_drift() -> None:
     ready = BY_NAME["ready"]
-    tighter = spec_with(**{"slo.tpotMs": 15})
+    tighter = spec_with(**{"slo.tpotMs": 20})  # the plan changes max-num-seqs (768, from 256)
     rolled = desire(replace(ready.world(SETTLED["ready"], T0), body=body(tighter, SETTLED["ready"], 2)), {})
     [write] = rolled.writes
     assert (write.kind, write.action) == (WriteKind.DEPLOYMENT, "update")

@@ -72,3 +72,22 @@ def test_gauges_are_averaged_over_the_last_scrapes() -> None:
     assert "rate(vllm:request_inference_time_seconds_sum[60s])" in queries["mean_running_requests"]
     assert "rate(vllm:request_queue_time_seconds_sum[30s])" in queries["waiting_requests"]
     assert "avg_over_time(vllm:kv_cache_usage_perc[30s])" in queries["kv_cache_usage"]
+
+
+def test_prefix_cache_hit_rate_is_hits_over_queries_with_renamed_and_v0_fallbacks() -> None:
+    hit_rate = build_queries(MetricsLabels(), 60)["prefix_cache_hit_rate"]
+    assert hit_rate.startswith("(sum by (namespace, llmdeployment) (rate(vllm:prefix_cache_hits_total[60s])) / "
+                               "(sum by (namespace, llmdeployment) (rate(vllm:prefix_cache_queries_total[60s])) > 0))")
+    # no sample where nothing was looked up: never 0/0
+    assert hit_rate.index("vllm:prefix_cache_hits_total") < hit_rate.index("vllm:gpu_prefix_cache_hits_total") \
+        < hit_rate.index("vllm:gpu_prefix_cache_hit_rate")
+
+
+def test_the_engines_work_counters_stay_per_gpu() -> None:
+    queries = build_queries(MetricsLabels(), 60)
+    # per-GPU counters, one series per engine: averaged over engines, never summed over them
+    for field, metric in (("estimated_flops_per_s_per_gpu", "vllm:estimated_flops_per_gpu_total"),
+                          ("estimated_read_bytes_per_s_per_gpu", "vllm:estimated_read_bytes_per_gpu_total"),
+                          ("estimated_write_bytes_per_s_per_gpu", "vllm:estimated_write_bytes_per_gpu_total"),
+                          ("engine_steps_per_s", "vllm:iteration_tokens_total_count")):
+        assert queries[field] == f"avg by (namespace, llmdeployment) (rate({metric}[60s]))"

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kvscale.api.spec import LLMDeploymentSpec, load_resource
 from kvscale.perfmodel import RequestShape, build_replica_model, estimate_goodput
+from kvscale.perfmodel.serving import concurrency_limit
 from kvscale.planner import build_plan_inputs, plan_deployment
 from kvscale.planner.search import chosen_setup, planned_shape
 
@@ -178,8 +179,9 @@ def test_the_plan_assumes_exponential_prompt_lengths_for_the_ttft_percentile() -
     model = build_replica_model(chosen_setup(inputs, chosen))
     tailed = planned_shape(tight)
     alike = replace(tailed, input_tokens_tail=None)
-    slots = np.array([float(chosen.max_num_seqs)])
+    slots = concurrency_limit(tailed, np.array([float(chosen.max_num_seqs)]), np.array([float(chosen.kv_cache_tokens)]))
     def goodput(shape: RequestShape) -> float:
         return float(estimate_goodput(model, shape, slots, 0.8, 0.05, 0.99).request_rate[0])
-    assert chosen.goodput_requests_per_s == pytest.approx(goodput(tailed), rel=1e-6)
+    # (the planner evaluates all batch caps at once; its fixed point stops when the slowest converges)
+    assert chosen.goodput_requests_per_s == pytest.approx(goodput(tailed), rel=1e-3)
     assert goodput(tailed) < goodput(alike)

@@ -40,11 +40,3 @@ def test_normal_quantile() -> None:
     assert normal_quantile(0.5) == pytest.approx(0.0, abs=1e-9)
     assert normal_quantile(0.95) == pytest.approx(1.644854, rel=1e-5)
     assert normal_quantile(0.01) == pytest.approx(-2.326348, rel=1e-5)
-
-
-def test_gg1_tail_is_mm1_with_exponential_service_and_half_with_deterministic() -> None:
-    from kvscale.perfmodel.queueing import gg1_wait_quantile_s
-
-    mm1 = float(mm1_wait_quantile_s(0.8, 1.0, 0.95))
-    assert float(gg1_wait_quantile_s(0.8, 1.0, 0.95, service_scv=1.0)) == pytest.approx(mm1)
-    assert float(gg1_wait_quantile_s(0.8, 1.0, 0.95, service_scv=0.0)) == pytest.approx(mm1 / 2)

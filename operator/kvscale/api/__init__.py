@@ -40,6 +40,7 @@ from kvscale.api.status import (
     PlanStatus,
     PredictedStatus,
     ScaleDecisionStatus,
+    SpeedFitSource,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "ScalingSection",
     "ServingSection",
     "SloSection",
+    "SpeedFitSource",
     "Toleration",
     "WorkloadSection",
     "find_condition",

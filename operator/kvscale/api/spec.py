@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +14,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from kvscale.api.base import ApiModel
 from kvscale.errors import InvalidSpecError
 
+PERCENTILE_KEY = re.compile(r"p[0-9]+(\.[0-9]+)?")
 API_GROUP = "kvscale.dev"
 API_VERSION = "v1alpha1"
 KIND = "LLMDeployment"
@@ -162,6 +165,59 @@ class WorkloadSection(ApiModel):
             "model's maximum, clamped to what fits in memory.",
         ),
     ] = None
+
+    prefix_cache_hit_rate: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=0.99,
+            description="Share of prompt tokens served from vLLM's prefix cache (shared system prompts, "
+            "multi-turn history, agent scaffolds), 0 to 0.99. It lowers the prefill work and the KV blocks a "
+            "request holds of its own. Once vLLM's prefix_cache_hits/queries counters are scraped the "
+            "operator uses the measured rate instead and reports it in status.observed.",
+        ),
+    ] = 0.0
+    input_tokens_percentiles: Annotated[
+        dict[str, int] | None,
+        Field(
+            max_length=16,
+            description="Known percentiles of the prompt lengths, tokens, keyed p<percentile> (e.g. {p50: "
+            "1020, p90: 2730, p99: 4140}, from your request logs). Latency percentiles are computed over "
+            "this length mix; without it prompts are taken as exponential around inputTokens.",
+        ),
+    ] = None
+    output_tokens_percentiles: Annotated[
+        dict[str, int] | None,
+        Field(
+            max_length=16,
+            description="Known percentiles of the output lengths, tokens, keyed like inputTokensPercentiles. "
+            "Short outputs set the TPOT percentile (a prompt chunk divided by few tokens); without it "
+            "outputs are taken as geometric around outputTokens.",
+        ),
+    ] = None
+
+    @field_validator("input_tokens_percentiles", "output_tokens_percentiles")
+    @classmethod
+    def _percentiles_well_formed(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        if value is None:
+            return None
+        points = []
+        for key, tokens in value.items():
+            if not PERCENTILE_KEY.fullmatch(key) or not 0 < float(key[1:]) < 100:
+                raise ValueError(f"percentile key {key!r}: use p<percentile> between 0 and 100, e.g. p50 or p99.9")
+            if tokens < 1:
+                raise ValueError(f"{key}: {tokens} tokens; lengths are at least 1")
+            points.append((float(key[1:]), tokens, key))
+        points.sort()
+        for (_, low, low_key), (_, high, high_key) in itertools.pairwise(points):
+            if high < low:
+                raise ValueError(f"{high_key} ({high}) is below {low_key} ({low}): percentiles must not decrease")
+        return value
+
+    @staticmethod
+    def percentile_points(value: dict[str, int] | None) -> tuple[tuple[float, float], ...]:
+        """(probability, tokens) pairs, in order."""
+        return tuple(sorted((float(k[1:]) / 100.0, float(v)) for k, v in (value or {}).items()))
 
     @property
     def planned_requests_per_second(self) -> float:

@@ -44,6 +44,13 @@ class StatusModel(ApiModel):
     model_config = ApiModel.model_config | ConfigDict(extra="ignore")
 
 
+class SpeedFitSource(StrEnum):
+    """What the calibrated speed factors were last fitted from."""
+
+    ENGINE_COUNTERS = "engine-counters"  # vLLM's work counters (--enable-mfu-metrics) over step times
+    LATENCIES = "latencies"  # the mean TPOT and prefill time against the model's
+
+
 class ConditionStatus(StrEnum):
     """Whether a condition holds: True, False or Unknown."""
 
@@ -162,6 +169,10 @@ class ObservedStatus(StatusModel):
         float | None, Field(ge=0, description="Observed mean time per output token, ms (exact: the histogram's "
                                               "sum over its count).")
     ] = None
+    prefix_cache_hit_rate: Annotated[
+        float | None, Field(ge=0, le=1, description="Share of prompt tokens served from the prefix cache (vLLM's "
+                                                    "prefix_cache_hits over prefix_cache_queries), 0 to 1.")
+    ] = None
     below_resolution: Annotated[
         list[str] | None,
         Field(description="Percentiles the engine's histogram buckets cannot resolve (they fell in the first "
@@ -205,6 +216,23 @@ class CalibrationStatus(StatusModel):
     ] = None
     input_tokens_tail: Annotated[
         float | None, Field(gt=0, description="Prompt tokens at the SLO percentile, smoothed over windows.")
+    ] = None
+    prefix_cache_hit_rate: Annotated[
+        float | None, Field(ge=0, le=1, description="Share of prompt tokens served from the prefix cache, "
+                                                    "smoothed over windows.")
+    ] = None
+    speed_fit_from: Annotated[
+        SpeedFitSource | None,
+        Field(description="What the speed factors were last fitted from: engine-counters (vLLM's work counters, "
+                          "--enable-mfu-metrics, over its step times) or latencies (mean TPOT and prefill time).")
+    ] = None
+    achieved_hbm_bandwidth_gbps: Annotated[
+        float | None, Field(ge=0, description="Memory bandwidth a GPU achieved in decode steps, GB/s, from the "
+                                              "engine's work counters (smoothed over windows).")
+    ] = None
+    achieved_tflops: Annotated[
+        float | None, Field(ge=0, description="Compute a GPU achieved in prompt-chunk steps, TFLOP/s, from the "
+                                              "engine's work counters (smoothed over windows).")
     ] = None
 
 

@@ -6,6 +6,10 @@ observed means rescale the model's achieved bandwidth (decode) and compute (pref
 Tails: percentiles of real traffic are wider than the model's (lengths vary, arrivals cluster), so
 the ratio of observed to predicted SLO-percentile TTFT and TPOT is learned as a tail factor, which
 tightens the SLOs the goodput is computed against.
+Where the engine counts its own work (vLLM's MFU counters, --enable-mfu-metrics), speed is fitted
+from it instead: the bandwidth and FLOP/s a GPU achieved, against the datasheet peak times the default
+efficiency (kvscale.autoscaler.engine_work); each factor the counters cannot tell in a window keeps
+the latency fit, and without the counters the fit is exactly the latency one.
 Windows whose arrivals came in bursts (beyond Poisson noise) teach only the request shape: their
 prompts shared steps far more than the mean rate says, and fitting speed to them reads a burst as
 slow hardware (the policy sizes for bursts separately).
@@ -18,8 +22,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from kvscale.api.status import SpeedFitSource
+from kvscale.autoscaler.engine_work import AchievedSpeeds, EngineWork, estimate_achieved_speeds
 from kvscale.perfmodel import (
     EfficiencyFactors,
+    ReplicaModel,
     RequestShape,
     ServingSetup,
     build_replica_model,
@@ -56,6 +63,8 @@ class CalibrationSample:
     bursty: bool = False  # arrivals clustered beyond Poisson noise: prompts shared the token budget
     # and steps far more than the window's mean rate says, so its means and percentiles measure the
     # burst (which the policy sizes for separately), not the servers' speed or tails
+    prefix_cache_hit_rate: float | None = None  # measured in this window (the shape holds the one assumed)
+    engine_work: EngineWork | None = None  # the engine's own work counters, per GPU; None: not exported
 
 
 @dataclass(frozen=True)
@@ -75,12 +84,21 @@ class Calibration:
     input_tokens: float | None = None
     output_tokens: float | None = None
     input_tokens_tail: float | None = None  # prompt length at the SLO percentile
+    prefix_cache_hit_rate: float | None = None  # share of prompt tokens the prefix cache served
+    speed_fit_from: SpeedFitSource | None = None  # what the last speed update was fitted from
+    # per GPU, measured from the engine's work counters and smoothed over the windows that measured them
+    achieved_hbm_bandwidth_bytes_per_s: float | None = None
+    achieved_flops_per_s: float | None = None
 
     def shape(self, fallback: RequestShape) -> RequestShape:
         if self.input_tokens is None or self.output_tokens is None:
             return fallback
         tail = self.input_tokens_tail if self.input_tokens_tail is not None else fallback.input_tokens_tail
-        return RequestShape(self.input_tokens, self.output_tokens, tail)
+        hit_rate = self.prefix_cache_hit_rate
+        # The learned means and tail replace the fallback's; what is not learned (the stated length
+        # percentiles, the percentile the tail is at) carries over from it.
+        return replace(fallback.rescaled(self.input_tokens, self.output_tokens), input_tokens_tail=tail,
+                       prefix_cache_hit_rate=fallback.prefix_cache_hit_rate if hit_rate is None else hit_rate)
 
     def efficiency(self, base: EfficiencyFactors) -> EfficiencyFactors:
         return base.scaled(decode=self.decode_factor, prefill=self.prefill_factor)
@@ -101,6 +119,31 @@ def _smoothed_value(previous: float | None, sample: float) -> float:
     return sample if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * sample
 
 
+def _smoothed_if_measured(previous: float | None, sample: float | None) -> float | None:
+    return previous if sample is None else _smoothed_value(previous, sample)
+
+
+def _achieved_speeds(model: ReplicaModel, sample: CalibrationSample, rate: float | None) -> AchievedSpeeds:
+    """What the engine's work counters say the replica achieved; nothing without them, or without the
+    mean step time and a batch that measured steps at all."""
+    if sample.engine_work is None or not sample.tpot_mean_s or sample.running_per_replica < MIN_RUNNING_FOR_DECODE_FIT:
+        return AchievedSpeeds(None, None)
+    return estimate_achieved_speeds(model, sample.shape, sample.running_per_replica, rate or 0.0,
+                                    sample.tpot_mean_s, sample.engine_work)
+
+
+def _counter_factors(model: ReplicaModel, base: EfficiencyFactors, achieved: AchievedSpeeds,
+                     ) -> tuple[float | None, float | None]:
+    """(decode, prefill) factors the achieved speeds imply: achieved over the datasheet peak times the
+    default efficiency, the same product the model divides work by (kvscale.perfmodel.replica)."""
+    gpu = model.setup.gpu
+    decode = (None if achieved.hbm_bandwidth_bytes_per_s is None
+              else achieved.hbm_bandwidth_bytes_per_s / (gpu.hbm_bandwidth_bytes_per_s * base.hbm_bandwidth))
+    prefill = (None if achieved.flops_per_s is None
+               else achieved.flops_per_s / (model.linear_flops_per_s * base.compute))
+    return decode, prefill
+
+
 def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSample) -> Calibration:
     """One calibration step from one window; unchanged when the window holds nothing to learn from.
     A bursty window (CalibrationSample.bursty) updates only the request shape."""
@@ -114,23 +157,33 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
     # prefill first, from a prompt's own prefill time; then decode from the mean inter-token time with
     # that prefill speed in place, so prompt chunks stalling decode steps are not read as slow decoding.
     running = sample.running_per_replica
+    # Where the engine counted its work, the factors come from what it achieved; each one the counters
+    # cannot tell in this window is fitted from the latencies as below.
+    achieved = _achieved_speeds(model, sample, rate)
+    counter_decode, counter_prefill = _counter_factors(model, setup.efficiency, achieved)
     prefill, ttft_error = previous.prefill_factor, None
     if sample.prefill_mean_s:
         predicted_prefill = estimate_at_observed_load(model, sample.shape, running, rate or 0.0).prefill_s
         ttft_error = (predicted_prefill - sample.prefill_mean_s) / sample.prefill_mean_s * 100.0
-        prefill = _smoothed(previous.prefill_factor,
-                            previous.prefill_factor * predicted_prefill / sample.prefill_mean_s, first, SPEED_BOUNDS)
+        if counter_prefill is None:
+            prefill = _smoothed(previous.prefill_factor, previous.prefill_factor * predicted_prefill
+                                / sample.prefill_mean_s, first, SPEED_BOUNDS)
+    if counter_prefill is not None:
+        prefill = _smoothed(previous.prefill_factor, counter_prefill, first, SPEED_BOUNDS)
     decode, tpot_error = previous.decode_factor, None
     if sample.tpot_mean_s and running >= MIN_RUNNING_FOR_DECODE_FIT:
         with_prefill = build_replica_model(replace(setup, efficiency=replace(
             previous, prefill_factor=prefill).efficiency(setup.efficiency)))
         seen = estimate_at_observed_load(with_prefill, sample.shape, running, rate or 0.0)
         tpot_error = (seen.tpot_mean_s - sample.tpot_mean_s) / sample.tpot_mean_s * 100.0
-        if seen.decode_share >= MIN_DECODE_SHARE_FOR_FIT:
+        if counter_decode is not None:
+            decode = _smoothed(previous.decode_factor, counter_decode, first, SPEED_BOUNDS)
+        elif seen.decode_share >= MIN_DECODE_SHARE_FOR_FIT:
             decode = _smoothed(previous.decode_factor,
                                previous.decode_factor * seen.tpot_mean_s / sample.tpot_mean_s, first, SPEED_BOUNDS)
     if tpot_error is None and ttft_error is None:
         return previous
+    counted = counter_decode is not None or counter_prefill is not None
     tpot_tail, ttft_tail = previous.tpot_tail_factor, previous.ttft_tail_factor
     if rate is not None and sample.steady and (sample.tpot_quantile_s or sample.ttft_quantile_s):
         speed = replace(previous, decode_factor=decode, prefill_factor=prefill)
@@ -142,9 +195,14 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
         if sample.ttft_quantile_s and bool(at.stable) and float(at.ttft_quantile_s) > 0:
             ttft_tail = _smoothed(previous.ttft_tail_factor, sample.ttft_quantile_s / float(at.ttft_quantile_s),
                                   first, TAIL_BOUNDS)
-    return _with_shape(replace(previous, decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
-                               ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,
-                               samples=previous.samples + 1), sample)
+    return _with_shape(replace(
+        previous, decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
+        ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,
+        samples=previous.samples + 1,
+        speed_fit_from=SpeedFitSource.ENGINE_COUNTERS if counted else SpeedFitSource.LATENCIES,
+        achieved_hbm_bandwidth_bytes_per_s=_smoothed_if_measured(previous.achieved_hbm_bandwidth_bytes_per_s,
+                                                                 achieved.hbm_bandwidth_bytes_per_s),
+        achieved_flops_per_s=_smoothed_if_measured(previous.achieved_flops_per_s, achieved.flops_per_s)), sample)
 
 
 def _with_shape(calibration: Calibration, sample: CalibrationSample) -> Calibration:
@@ -154,4 +212,6 @@ def _with_shape(calibration: Calibration, sample: CalibrationSample) -> Calibrat
         tail = _smoothed_value(calibration.input_tokens_tail, sample.shape.input_tokens_tail)
     return replace(calibration, input_tokens=_smoothed_value(calibration.input_tokens, sample.shape.input_tokens),
                    output_tokens=_smoothed_value(calibration.output_tokens, sample.shape.output_tokens),
-                   input_tokens_tail=tail)
+                   input_tokens_tail=tail,
+                   prefix_cache_hit_rate=_smoothed_if_measured(calibration.prefix_cache_hit_rate,
+                                                               sample.prefix_cache_hit_rate))

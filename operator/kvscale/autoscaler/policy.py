@@ -22,6 +22,7 @@ import numpy as np
 
 from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.autoscaler.calibration import Calibration, CalibrationSample
+from kvscale.autoscaler.engine_work import EngineWork
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
 from kvscale.planner.search import planned_shape
@@ -190,14 +191,29 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
         prefill_mean_s=prefill_mean_s, bursty=bursty,
         steady=(observation.waiting_requests or 0.0) / pods < 1.0
-        and context.ready_replicas >= context.current_replicas)
+        and context.ready_replicas >= context.current_replicas,
+        prefix_cache_hit_rate=observation.prefix_cache_hit_rate, engine_work=_engine_work(observation))
+
+
+def _engine_work(observation: Observation) -> EngineWork | None:
+    """The engine's work counters, already per GPU of one engine (one engine is one replica)."""
+    flops, hbm_bytes = observation.estimated_flops_per_s_per_gpu, observation.estimated_hbm_bytes_per_s_per_gpu
+    steps = observation.engine_steps_per_s
+    if flops is None or hbm_bytes is None or steps is None:
+        return None
+    return EngineWork(flops_per_s=flops, hbm_bytes_per_s=hbm_bytes, steps_per_s=steps)
 
 
 def _shape(observation: Observation, spec: LLMDeploymentSpec) -> RequestShape:
-    """The observed mean request shape, falling back to the spec's expectation where a window saw nothing."""
+    """The observed mean request shape, falling back to the spec's expectation where a window saw nothing
+    (for the prefix-cache hit rate: where the engine does not export it)."""
     inputs = observation.mean_input_tokens or spec.workload.input_tokens
     outputs = observation.mean_output_tokens or spec.workload.output_tokens
-    return RequestShape(float(max(inputs, 1.0)), float(max(outputs, 1.0)))
+    hit_rate = observation.prefix_cache_hit_rate
+    if hit_rate is None:
+        hit_rate = planned_shape(spec).prefix_cache_hit_rate  # the spec's expectation
+    observed = planned_shape(spec).rescaled(float(max(inputs, 1.0)), float(max(outputs, 1.0)))
+    return replace(observed, input_tokens_tail=None, prefix_cache_hit_rate=hit_rate)
 
 
 def _with_assumed_tail(shape: RequestShape, spec: LLMDeploymentSpec) -> RequestShape:

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 MAX_PLAUSIBLE_LATENCY_S = 3600.0
 MAX_PLAUSIBLE_REQUEST_RATE = 1e6
 MAX_PLAUSIBLE_TOKENS = 1e7
+# Per GPU: a thousand times any accelerator's datasheet peak.
+MAX_PLAUSIBLE_FLOPS_PER_S = 1e19
+MAX_PLAUSIBLE_BYTES_PER_S = 1e16
 # The peak request rate is the highest rate over this long within the window: two scrapes at the
 # common 15 s interval (the operator's rate() range; the simulator's two consecutive scrapes).
 PEAK_RATE_INTERVAL_S = 30.0
@@ -61,6 +64,21 @@ class Observation:
     input_tokens_quantile: float | None = None
     # percentiles the histograms could not resolve (first bucket): their fields above are None
     below_resolution: tuple[BelowResolution, ...] = ()
+    # share of looked-up prompt tokens the prefix cache served (vLLM's prefix_cache_hits / _queries)
+    prefix_cache_hit_rate: float | None = None
+    # The engine's own estimate of the work it did, per GPU, mean over engines (vLLM >= 0.17 with
+    # --enable-mfu-metrics; None when absent or zero, i.e. the flag is off), and its engine steps/s:
+    # with them calibration fits achieved bandwidth and compute from work done, not from latencies alone.
+    estimated_flops_per_s_per_gpu: float | None = None
+    estimated_read_bytes_per_s_per_gpu: float | None = None
+    estimated_write_bytes_per_s_per_gpu: float | None = None
+    engine_steps_per_s: float | None = None  # per engine, mean over engines
+
+    @property
+    def estimated_hbm_bytes_per_s_per_gpu(self) -> float | None:
+        """Bytes read and written per second per GPU, by the engine's estimate; None unless both are known."""
+        read, write = self.estimated_read_bytes_per_s_per_gpu, self.estimated_write_bytes_per_s_per_gpu
+        return None if read is None or write is None else read + write
 
     def bound_of(self, signal: str) -> float | None:
         """The upper bound known for a percentile field the histogram could not resolve, else None."""
@@ -103,6 +121,12 @@ def check_observation(observation: Observation | None, now_s: float, max_age_s: 
         ("aborted request rate", observation.aborted_rate, MAX_PLAUSIBLE_REQUEST_RATE),
         ("failed request rate", observation.failed_rate, MAX_PLAUSIBLE_REQUEST_RATE),
         ("prompt tokens at the SLO percentile", observation.input_tokens_quantile, MAX_PLAUSIBLE_TOKENS),
+        ("prefix-cache hit rate", observation.prefix_cache_hit_rate, 1.0),
+        ("estimated FLOP/s per GPU", observation.estimated_flops_per_s_per_gpu, MAX_PLAUSIBLE_FLOPS_PER_S),
+        ("estimated bytes read/s per GPU", observation.estimated_read_bytes_per_s_per_gpu, MAX_PLAUSIBLE_BYTES_PER_S),
+        ("estimated bytes written/s per GPU", observation.estimated_write_bytes_per_s_per_gpu,
+         MAX_PLAUSIBLE_BYTES_PER_S),
+        ("engine steps/s", observation.engine_steps_per_s, MAX_PLAUSIBLE_REQUEST_RATE),
     )
     for name, value, upper in checks:
         if _bad(value, upper):

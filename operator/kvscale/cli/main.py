@@ -25,7 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--config-json", help="a Hugging Face config.json to use instead of the catalog")
     predict.add_argument("--gpu", required=True)
     predict.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    predict.add_argument("--batch", type=int, default=1, help="concurrent requests")
+    load = predict.add_mutually_exclusive_group()
+    load.add_argument("--batch", type=int, help="static batch: this many requests started together "
+                      "(vllm bench latency); the default, with 1")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many clients, each sending its next "
+                      "request when one ends (vllm bench serve --max-concurrency)")
+    load.add_argument("--request-rate", type=float, help="open loop: Poisson arrivals, requests/s "
+                      "(vllm bench serve --request-rate)")
+    predict.add_argument("--max-num-seqs", type=int, default=256, help="the engine's batch cap (closed and open loop)")
+    predict.add_argument("--percentile", type=float, default=95.0, help="latency percentile reported beside the means")
     predict.add_argument("--input-tokens", type=int, default=1024)
     predict.add_argument("--output-tokens", type=int, default=256)
     predict.add_argument("--precision", choices=[p.value for p in Precision])

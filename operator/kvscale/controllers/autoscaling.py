@@ -6,7 +6,7 @@ only assembles its inputs from the live objects and maps its answer onto status 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +33,12 @@ from kvscale.autoscaler.policy import METRICS_MAX_AGE_S, build_calibration_sampl
 from kvscale.autoscaler.signals import BelowResolution, check_observation
 from kvscale.perfmodel.replica import ServingSetup
 from kvscale.planner import Candidate
+from kvscale.units import (
+    bytes_per_s_to_gb_per_s,
+    flops_per_s_to_tflops,
+    gb_per_s_to_bytes_per_s,
+    tflops_to_flops_per_s,
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,15 @@ def previous_calibration(status: LLMDeploymentStatus | None) -> Calibration:
                        tpot_error_pct=c.tpot_error_pct, ttft_error_pct=c.ttft_error_pct,
                        samples=1 if c.fitted_windows is None else c.fitted_windows,  # None: written before it existed
                        input_tokens=c.input_tokens, output_tokens=c.output_tokens,
-                       input_tokens_tail=c.input_tokens_tail)
+                       input_tokens_tail=c.input_tokens_tail, prefix_cache_hit_rate=c.prefix_cache_hit_rate,
+                       speed_fit_from=c.speed_fit_from,
+                       achieved_hbm_bandwidth_bytes_per_s=_converted(c.achieved_hbm_bandwidth_gbps,
+                                                                     gb_per_s_to_bytes_per_s),
+                       achieved_flops_per_s=_converted(c.achieved_tflops, tflops_to_flops_per_s))
+
+
+def _converted(value: float | None, convert: Callable[[float], float]) -> float | None:
+    return None if value is None else convert(value)
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -80,7 +94,12 @@ def calibration_status(calibration: Calibration) -> CalibrationStatus:
         ttft_error_pct=_rounded(calibration.ttft_error_pct, 1),
         tpot_error_pct=_rounded(calibration.tpot_error_pct, 1),
         input_tokens=_rounded(calibration.input_tokens, 1), output_tokens=_rounded(calibration.output_tokens, 1),
-        input_tokens_tail=_rounded(calibration.input_tokens_tail, 1), fitted_windows=calibration.samples)
+        input_tokens_tail=_rounded(calibration.input_tokens_tail, 1), fitted_windows=calibration.samples,
+        prefix_cache_hit_rate=_rounded(calibration.prefix_cache_hit_rate, 4),
+        speed_fit_from=calibration.speed_fit_from,
+        achieved_hbm_bandwidth_gbps=_rounded(_converted(calibration.achieved_hbm_bandwidth_bytes_per_s,
+                                                        bytes_per_s_to_gb_per_s), 1),
+        achieved_tflops=_rounded(_converted(calibration.achieved_flops_per_s, flops_per_s_to_tflops), 3))
 
 
 def _observed_status(observation: Observation) -> ObservedStatus:
@@ -98,6 +117,7 @@ def _observed_status(observation: Observation) -> ObservedStatus:
         aborted_per_second=_rounded(observation.aborted_rate, 3),
         failed_per_second=_rounded(observation.failed_rate, 3),
         tpot_mean_ms=ms(observation.tpot_mean_s),
+        prefix_cache_hit_rate=_rounded(observation.prefix_cache_hit_rate, 4),
         below_resolution=[_below_text(b) for b in observation.below_resolution] or None,
         sampled_at=format_time(datetime.fromtimestamp(observation.sampled_at_s, UTC)),
     )

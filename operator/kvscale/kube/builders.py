@@ -101,6 +101,7 @@ def build_engine_launch(spec: LLMDeploymentSpec, chosen: Candidate, native_preci
         precision=spec.model.precision or native_precision,
         native_precision=native_precision,
         kv_cache_dtype=spec.model.kv_cache_dtype,
+        image=image_for(spec.serving.engine, spec.serving.image),
     )
 
 
@@ -148,7 +149,7 @@ def build_probes() -> dict[str, dict[str, Any]]:
 def build_container(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec) -> dict[str, Any]:
     return {
         "name": launch.engine.value,
-        "image": image_for(launch.engine, spec.serving.image),
+        "image": launch.image,
         "command": list(COMMANDS[launch.engine]),
         "args": engine_args(launch, list(spec.serving.extra_args)),
         "env": [{"name": e.name, "value": e.value} for e in spec.serving.env],

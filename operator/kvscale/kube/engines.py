@@ -6,6 +6,7 @@ default images. Pure: a `EngineLaunch` in, an argument list out.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,6 +30,13 @@ COMMANDS: Mapping[Engine, tuple[str, ...]] = {
 
 _SIXTEEN_BIT_DTYPES = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
 
+# vLLM counts the FLOPs and bytes it computes and moves (vllm:estimated_*_per_gpu_total, which
+# calibration fits speed from) with --enable-mfu-metrics. The flag is accepted from 0.14.0 (before 0.17
+# it only logs); the counters are exported from 0.17.0 (vllm/v1/metrics/perf.py, PerfMetricsProm).
+MFU_COUNTERS_SINCE_VLLM = (0, 17, 0)
+# A release tag: v0.17.0, 0.17, 0.17.1.post1, v0.17.0-cu128 (a build variant); not 0.17.0rc1 or nightly-….
+_RELEASE_TAG = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.post\d+)?(?:-[A-Za-z0-9_.-]+)?$")
+
 
 @dataclass(frozen=True)
 class EngineLaunch:
@@ -43,10 +51,36 @@ class EngineLaunch:
     precision: Precision  # what the plan assumed for the weights
     native_precision: Precision  # what the checkpoint holds
     kv_cache_dtype: KvCacheDtype
+    image: str  # the container image (image_for): which flags the engine in it knows
 
 
 def image_for(engine: Engine, image: str | None) -> str:
     return image or DEFAULT_IMAGES[engine]
+
+
+def vllm_release_of(image: str) -> tuple[int, int, int] | None:
+    """The vLLM release a vLLM image (a repository named …vllm…, e.g. vllm/vllm-openai) is tagged with;
+    None where the name does not say: no tag, a digest, `latest`, a nightly, a custom image."""
+    if "@" in image:
+        return None  # pinned by digest: what it runs is the digest's, whatever a tag beside it says
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        return None  # no tag (or the colon was a registry's port)
+    if "vllm" not in repository.rsplit("/", 1)[-1].lower():
+        return None  # another server's image (llm-d-inference-sim, say): its own version scheme and flags
+    release = _RELEASE_TAG.match(tag)
+    if release is None:
+        return None
+    major, minor, patch = release.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def exports_mfu_counters(image: str) -> bool:
+    """Whether the image's vLLM is known to export the MFU counters with --enable-mfu-metrics. vLLM
+    rejects flags it does not know (the pod would crash-loop), so an image whose release is unknown does
+    not get the flag: add it through spec.serving.extraArgs for such an image."""
+    release = vllm_release_of(image)
+    return release is not None and release >= MFU_COUNTERS_SINCE_VLLM
 
 
 def precision_args(launch: EngineLaunch) -> list[str]:
@@ -73,6 +107,8 @@ def vllm_args(launch: EngineLaunch) -> list[str]:
     ]
     if launch.kv_cache_dtype == KvCacheDtype.FP8:
         args += ["--kv-cache-dtype", "fp8"]
+    if exports_mfu_counters(launch.image):
+        args.append("--enable-mfu-metrics")  # calibration fits speed from the counted work
     return [*args, *precision_args(launch), "--port", str(SERVING_PORT)]
 
 

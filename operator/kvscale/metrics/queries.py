@@ -19,6 +19,8 @@ What a real vLLM showed that a simulator hides:
 * percentiles are read as buckets, not through histogram_quantile: the caller must know when the
   percentile fell in the first bucket (vLLM's prefill buckets start at 0.3 s, its TPOT ones at 10 ms),
   where the interpolated figure is a fraction of the bound, not a measurement.
+* the engine's work counters (vllm:estimated_*_per_gpu_total, vLLM >= 0.17 with --enable-mfu-metrics)
+  are already per GPU, one series per engine: they are averaged over engines, never summed.
 """
 
 from __future__ import annotations
@@ -115,6 +117,17 @@ def _first_of(*queries: str) -> str:
     return " or ".join(f"({q})" for q in queries)
 
 
+def _hit_rate(hits: str, queries: str, labels: MetricsLabels, window: str) -> str:
+    """rate(hits) / rate(queries); no sample where nothing was queried (never 0/0)."""
+    return f"{_sum_rate(hits, labels, window)} / ({_sum_rate(queries, labels, window)} > 0)"
+
+
+def _mean_engine_rate(metric: str, labels: MetricsLabels, window: str) -> str:
+    """A counter's rate averaged over the deployment's engines (one series each): a per-GPU counter
+    stays per GPU, and one pod with N data-parallel engines is not counted N times."""
+    return f"avg by ({labels.group}) (rate({metric}[{window}]))"
+
+
 def build_bucket_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]:
     """The PromQL of the bucket rates behind each percentile field of Observation, keyed by field."""
     w = f"{max(int(window_s), 1)}s"
@@ -178,4 +191,18 @@ def build_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]:
                                  _mean_of_histogram("sglang:inter_token_latency_seconds", labels, w)),
         "preemption_rate": _sum_rate("vllm:num_preemptions_total", labels, w),
         "prefill_s": _mean_of_histogram("vllm:request_prefill_time_seconds", labels, w),
+        # prompt tokens served from the prefix cache over prompt tokens looked up; vLLM < 0.10 (V1)
+        # named the counters gpu_prefix_cache_*, the V0 engine exported a gauge
+        "prefix_cache_hit_rate": _first_of(
+            _hit_rate("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", labels, w),
+            _hit_rate("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", labels, w),
+            f"avg by ({labels.group}) (avg_over_time(vllm:gpu_prefix_cache_hit_rate[{w}]))"),
+        # the engine's own estimate of the work it did (vLLM >= 0.17 with --enable-mfu-metrics), per GPU
+        "estimated_flops_per_s_per_gpu": _mean_engine_rate("vllm:estimated_flops_per_gpu_total", labels, w),
+        "estimated_read_bytes_per_s_per_gpu": _mean_engine_rate("vllm:estimated_read_bytes_per_gpu_total",
+                                                                labels, w),
+        "estimated_write_bytes_per_s_per_gpu": _mean_engine_rate("vllm:estimated_write_bytes_per_gpu_total",
+                                                                 labels, w),
+        # one observation of the tokens-per-iteration histogram per engine step: work per step (above)
+        "engine_steps_per_s": _mean_engine_rate("vllm:iteration_tokens_total_count", labels, w),
     }

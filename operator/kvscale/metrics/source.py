@@ -151,6 +151,11 @@ class PrometheusSource:
                 failed_rate=get("failed_rate"),
                 input_tokens_quantile=percentiles["input_tokens_quantile"],
                 below_resolution=tuple(below),
+                prefix_cache_hit_rate=_share(_finite(get("prefix_cache_hit_rate"))),
+                estimated_flops_per_s_per_gpu=_positive(get("estimated_flops_per_s_per_gpu")),
+                estimated_read_bytes_per_s_per_gpu=_positive(get("estimated_read_bytes_per_s_per_gpu")),
+                estimated_write_bytes_per_s_per_gpu=_positive(get("estimated_write_bytes_per_s_per_gpu")),
+                engine_steps_per_s=_positive(get("engine_steps_per_s")),
             )
             prefill_value = _finite(get("prefill_s"))
             if prefill_value is not None:
@@ -169,3 +174,15 @@ def _is_sample(row: Any) -> bool:
 def _finite(value: float | None) -> float | None:
     """Means over an idle window are 0/0: treat as unknown."""
     return value if value is not None and math.isfinite(value) else None
+
+
+def _positive(value: float | None) -> float | None:
+    """A rate of work that reads 0 says nothing: vLLM exports the MFU counters at 0 without
+    --enable-mfu-metrics, and an idle window did no work to measure."""
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _share(value: float | None) -> float | None:
+    """A ratio of two counters' rates, each extrapolated to the window's edges on its own, can land a
+    hair outside 0..1: it is a share, so it is clamped."""
+    return None if value is None else min(max(value, 0.0), 1.0)

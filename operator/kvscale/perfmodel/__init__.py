@@ -8,7 +8,7 @@ from kvscale.perfmodel.memory import (
     kv_bytes_per_token,
     weights_bytes_per_gpu,
 )
-from kvscale.perfmodel.prediction import PointPrediction, fixed_batch_latency_s, predict_point
+from kvscale.perfmodel.prediction import Load, LoadKind, PointPrediction, fixed_batch_latency_s, predict_point
 from kvscale.perfmodel.replica import ReplicaModel, ServingSetup, build_replica_model
 from kvscale.perfmodel.serving import (
     Goodput,
@@ -25,7 +25,9 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "EfficiencyFactors",
     "Goodput",
+    "Load",
     "LoadEstimate",
+    "LoadKind",
     "ObservedLoadEstimate",
     "PointPrediction",
     "ReplicaModel",

@@ -7,16 +7,26 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class EfficiencyFactors:
-    """Multipliers on datasheet peaks plus fixed costs. Defaults are fitted to published measurements
-    (see docs/accuracy.md); the operator refits them per deployment from live metrics."""
+    """Multipliers on datasheet peaks plus fixed costs. The defaults are fitted to published
+    measurements of NVIDIA GPUs with vLLM, TensorRT-LLM or NIM (benchmarks/fit_efficiency.py; what is
+    fitted on what, and the cross-validated error, in docs/accuracy.md); the operator refits the speeds
+    per deployment from live metrics."""
 
-    hbm_bandwidth: float = 0.80  # achieved / peak HBM bandwidth for weight and KV streaming
-    compute: float = 0.60  # achieved / peak dense tensor throughput (prefill, large-batch decode)
+    hbm_bandwidth: float = 0.75  # achieved / peak HBM bandwidth for weight and KV streaming (fitted)
+    compute: float = 0.60  # achieved / peak dense tensor throughput (prefill, large-batch decode) (fitted)
     interconnect: float = 0.70  # achieved / peak link bandwidth in all-reduce
     allreduce_latency_s: float = 12e-6  # fixed cost of one all-reduce call over NVLink/xGMI
     pcie_allreduce_latency_s: float = 30e-6  # the same over PCIe
-    step_overhead_s: float = 1.5e-3  # scheduler, sampling, launch per engine step
-    attention_bandwidth: float = 0.70  # achieved / peak HBM bandwidth when reading the KV cache
+    step_overhead_s: float = 2.0e-3  # scheduler, sampling, launch per engine step (fitted)
+    attention_bandwidth: float = 0.90  # achieved / peak HBM bandwidth when reading the KV cache (fitted)
+    # Per request, outside the engine's steps: HTTP, tokenization, the hand-off to the engine core
+    # and the first token's way back; it adds to every TTFT (a share per model layer for the
+    # prefill's CPU-side dispatch, as in measured-kernel planners).
+    request_overhead_s: float = 30e-3  # (fitted)
+    prefill_overhead_s_per_layer: float = 0.0  # (fitted: 0 on the published data)
+
+    def ttft_overhead_s(self, num_layers: int) -> float:
+        return self.request_overhead_s + self.prefill_overhead_s_per_layer * num_layers
 
     def scaled(self, *, decode: float = 1.0, prefill: float = 1.0) -> EfficiencyFactors:
         """Factors with memory-bound work `decode` times faster and compute-bound work `prefill` times faster."""

@@ -1,4 +1,4 @@
-"""Queueing formulas (pure numpy): Erlang C for waiting on a batch slot, M/M/1 tails for prefill."""
+"""Queueing formulas (pure numpy): Erlang C for waiting on a batch slot, normal quantiles."""
 
 from __future__ import annotations
 
@@ -47,6 +47,17 @@ def mmc_wait_quantile_s(servers: ArrayLike, arrival_rate: ArrayLike, service_s: 
     return np.where(drain <= 0, np.inf, np.maximum(wait, 0.0))
 
 
+def mmc_wait_mean_s(servers: ArrayLike, arrival_rate: ArrayLike, service_s: ArrayLike) -> Array:
+    """Mean waiting time in M/M/c: C(c, a) / (cμ - λ); inf when unstable."""
+    c = np.asarray(servers, dtype=np.float64)
+    lam = np.asarray(arrival_rate, dtype=np.float64)
+    mu = 1.0 / np.asarray(service_s, dtype=np.float64)
+    drain = c * mu - lam
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wait = erlang_c(c, lam / mu) / drain
+    return np.where(drain <= 0, np.inf, wait)
+
+
 def mm1_wait_quantile_s(utilisation: ArrayLike, service_s: ArrayLike, quantile: float) -> Array:
     """The `quantile` of waiting time in M/M/1: P(W > t) = ρ·exp(-(1-ρ)t/S); inf when ρ >= 1."""
     rho = np.asarray(utilisation, dtype=np.float64)
@@ -79,15 +90,3 @@ def normal_quantile(quantile: float) -> float:
     r = q * q
     return float((((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q
                  / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1))
-
-
-def gg1_wait_quantile_s(utilisation: ArrayLike, service_s: ArrayLike, quantile: float,
-                        arrival_scv: float = 1.0, service_scv: float = 0.0) -> Array:
-    """The `quantile` of waiting time in a G/G/1 queue, from the heavy-traffic exponential tail
-    P(W > t) = ρ·exp(-2(1-ρ)t / (S(c_a² + c_s²))), where c² are squared coefficients of variation.
-
-    With c_a² = c_s² = 1 it is the M/M/1 formula; deterministic service (c_s² = 0, a prompt of a given
-    length) halves the tail.
-    """
-    variability = (arrival_scv + service_scv) / 2.0
-    return mm1_wait_quantile_s(utilisation, np.asarray(service_s, dtype=np.float64) * variability, quantile)

@@ -1,27 +1,36 @@
-"""Continuous batching at a load: TPOT and TTFT percentiles, throughput, and goodput under SLOs.
+"""Continuous batching at a load: TPOT and TTFT means and percentiles, throughput, goodput under SLOs.
 
 A replica keeps up to `max_num_seqs` sequences running. Every step decodes one token for each and,
-with chunked prefill, spends the rest of the token budget on waiting prompts; so prompts slow the
-decodes they share steps with. Arrivals queue for a free slot (M/M/c over the slots) and then for
-prefill capacity (G/G/1 over the token budget). All functions broadcast over numpy arrays.
+with chunked prefill, spends the rest of the token budget on waiting prompts, oldest first; so
+prompts queue behind each other and slow the decodes they share steps with. Two ways of applying
+load, as the benchmark tools do: a closed loop (`estimate_at_concurrency`: C clients, the next
+request when one ends) and an open loop (`estimate_at_rate`: Poisson arrivals). Arrivals wait for a
+free slot (M/M/c over the slots), then for the prompt work ahead of them (an M/G/1 queue on prompt
+tokens); the latency percentiles are taken over the mix of prompt and output lengths
+(kvscale.perfmodel.latency), and prefix-cached prompt tokens are neither computed nor held twice.
+The planner and the autoscaler's goodput both go through `estimate_goodput`, the open loop.
+All functions broadcast over numpy arrays.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kvscale.perfmodel.queueing import gg1_wait_quantile_s, mmc_wait_quantile_s
+from kvscale.perfmodel.distributions import lognormal_strata, percentile_strata
+from kvscale.perfmodel.latency import mg1_wait, tpot_quantile_s, ttft_quantile_s
+from kvscale.perfmodel.queueing import mmc_wait_mean_s, mmc_wait_quantile_s
 from kvscale.perfmodel.replica import ReplicaModel
-from kvscale.perfmodel.tails import chunk_share_quantile
 
 Array = NDArray[np.float64]
 _FIXED_POINT_ITERATIONS = 40
 _FIXED_POINT_TOLERANCE = 1e-2  # sequences
 _BISECTION_ITERATIONS = 24
+_CLOSED_LOOP_ITERATIONS = 12
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,12 @@ class RequestShape:
     output_tokens: float
     input_tokens_tail: float | None = None
     prefix_cache_hit_rate: float = 0.0  # share of prompt tokens whose KV the prefix cache already holds
+    output_tokens_scv: float | None = None  # squared CV of output lengths; None: geometric (max entropy)
+    # Known quantiles of the lengths, (probability, tokens): where given, they shape the length mixes
+    # the latency percentiles are computed over, instead of the assumed families.
+    input_percentiles: tuple[tuple[float, float], ...] = ()
+    output_percentiles: tuple[tuple[float, float], ...] = ()
+    tail_quantile: float = 0.95  # the percentile `input_tokens_tail` is at
 
     def prompt_length_scv(self, quantile: float) -> float:
         """Squared coefficient of variation of prompt lengths, matched to the percentile prompt: 0 when
@@ -46,17 +61,36 @@ class RequestShape:
     def with_assumed_tail(cls, input_tokens: float, output_tokens: float, quantile: float,
                           max_prompt_tokens: float | None = None) -> RequestShape:
         """A shape known only by its means: prompt lengths taken as exponential (the maximum-entropy
-        guess, as for output lengths in kvscale.perfmodel.tails; both Azure traces are close to it,
+        guess, as for output lengths in kvscale.perfmodel.latency; both Azure traces are close to it,
         squared CV 0.92), so the percentile prompt is -ln(1 - q) x the mean, within the longest prompt."""
         tail = input_tokens * -math.log(max(1.0 - quantile, 1e-9))
         if max_prompt_tokens is not None:
             tail = min(tail, max(max_prompt_tokens, input_tokens))
-        return cls(input_tokens, output_tokens, max(tail, input_tokens))
+        return cls(input_tokens, output_tokens, max(tail, input_tokens), tail_quantile=quantile)
+
+    def rescaled(self, input_tokens: float, output_tokens: float) -> RequestShape:
+        """The same length mix around other means: the tail and the stated percentiles in proportion."""
+        in_ratio = input_tokens / max(self.input_tokens, 1e-9)
+        out_ratio = output_tokens / max(self.output_tokens, 1e-9)
+        return replace(self, input_tokens=input_tokens, output_tokens=output_tokens,
+                       input_tokens_tail=None if self.input_tokens_tail is None else self.input_tokens_tail * in_ratio,
+                       input_percentiles=tuple((p, v * in_ratio) for p, v in self.input_percentiles),
+                       output_percentiles=tuple((p, v * out_ratio) for p, v in self.output_percentiles))
 
     @property
     def tail_input_tokens(self) -> float:
         """The prompt length the TTFT percentile is computed for: the tail, never below the mean."""
         return max(self.input_tokens, self.input_tokens_tail or 0.0)
+
+    @property
+    def cached_input_tokens(self) -> float:
+        """Prompt tokens whose KV the prefix cache serves: not computed, but attended and read."""
+        return self.input_tokens * self.prefix_cache_hit_rate
+
+    @property
+    def computed_input_tokens(self) -> float:
+        """Prompt tokens the engine computes (the rest come from the prefix cache); at least one."""
+        return max(self.input_tokens - self.cached_input_tokens, 1.0)
 
     @property
     def mean_context_tokens(self) -> float:
@@ -83,6 +117,7 @@ class LoadEstimate:
     chunk_step_s: Array  # a step carrying a full prefill chunk
     prefill_utilisation: Array  # share of the token budget spent on prompts
     stable: NDArray[np.bool_]
+    prefill_wait_mean_s: Array  # waiting for the prompt work ahead (and for a batch slot)
 
 
 def _step_times(model: ReplicaModel, shape: RequestShape, running: Array, chunk_tokens: Array,
@@ -90,9 +125,9 @@ def _step_times(model: ReplicaModel, shape: RequestShape, running: Array, chunk_
     """(decode-only step, step that also carries `chunk_tokens` prompt tokens) at `running` sequences."""
     ctx = shape.mean_context_tokens
     decode = model.step_s(running, ctx)
-    # A chunk holds slices of prompts; each prompt token attends to about half its prompt.
-    chunk_step = model.step_s(running, ctx, chunk_tokens, chunk_tokens * shape.input_tokens / 2.0,
-                              chunk_tokens / shape.input_tokens)
+    computed = shape.computed_input_tokens
+    chunk_step = model.step_s(running, ctx, chunk_tokens, chunk_tokens * prompt_attention_tokens(shape),
+                              chunk_tokens / computed)
     return decode, chunk_step
 
 
@@ -109,8 +144,9 @@ def _mean_step(model: ReplicaModel, shape: RequestShape, running: Array,
     step, up to the room the token budget leaves.
     """
     room = _chunk_room(model, running)
-    prompt_tokens_per_step = running * shape.input_tokens / max(shape.output_tokens, 1.0)
-    chunk = np.minimum(room, np.maximum(shape.input_tokens, prompt_tokens_per_step))
+    computed = shape.computed_input_tokens
+    prompt_tokens_per_step = running * computed / max(shape.output_tokens, 1.0)
+    chunk = np.minimum(room, np.maximum(computed, prompt_tokens_per_step))
     decode, chunk_step = _step_times(model, shape, running, chunk)
     fraction = np.clip(prompt_tokens_per_step / chunk, 0.0, 1.0)
     mean = fraction * chunk_step + (1.0 - fraction) * decode
@@ -121,27 +157,126 @@ def _prefill_capacity_rate(model: ReplicaModel, shape: RequestShape, running: Ar
     """Prompts per second the token budget admits with every step's spare room full of prompt tokens."""
     room = _chunk_room(model, running)
     _, full_step = _step_times(model, shape, running, room)
-    return room / (shape.input_tokens * full_step)
+    return room / (shape.computed_input_tokens * full_step)
 
 
 def _own_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Array:
-    """A prompt's own prefill: its chunks, at least one step; the last partial chunk is charged in
-    proportion, which keeps latency continuous as the batch takes room from the token budget."""
-    return np.maximum(1.0, shape.input_tokens / chunk) * chunk_step
+    """A mean prompt's own prefill: its chunks, at least one step; the last partial chunk is charged
+    in proportion, which keeps latency continuous as the batch takes room from the token budget."""
+    return np.maximum(1.0, shape.computed_input_tokens / chunk) * chunk_step
 
 
-def _tail_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Array:
-    """A percentile-length prompt's own prefill: the chunks it needs at the steps' chunk size. It adds
-    to the queueing delay instead of scaling it: a long prompt is slow at any load."""
-    return np.maximum(1.0, shape.tail_input_tokens / chunk) * chunk_step
+@dataclass(frozen=True)
+class _Steps:
+    """What a replica's steps look like with `running` sequences in the batch."""
+
+    running: Array
+    mean_s: Array
+    decode_s: Array
+    chunk_s: Array
+    fraction: Array
+    chunk_tokens: Array
+    own_prefill_s: Array  # per prompt stratum (last axis): the prompt's own chunks
+    queue_s_per_token: Array  # server time per computed prompt token with full chunks
+    full_step_s: Array  # a step whose spare room is all prompt tokens
+    decode_slope_s: Array  # what one more decoding sequence adds to a step
+    extra_s_per_token: Array  # what a computed prompt token adds to the step decoders share with it
+    computed_tokens: Array  # per prompt stratum (last axis)
+    weights: Array  # each stratum's probability
+    prompt_extra_s: Array  # per prompt stratum: what its chunks add to the steps decoders share with it
+
+    @property
+    def own_prefill_mean_s(self) -> Array:
+        return np.asarray(np.sum(self.own_prefill_s * self.weights, axis=-1))
+
+    @property
+    def _computed_moments(self) -> tuple[float, float]:
+        return (float(np.dot(self.computed_tokens, self.weights)),
+                float(np.dot(self.computed_tokens ** 2, self.weights)))
+
+    @property
+    def prompt_work_moments_s(self) -> tuple[Array, Array]:
+        """(mean, second moment) of one prompt's service time in the prefill queue."""
+        mean_c, second_c = self._computed_moments
+        return self.queue_s_per_token * mean_c, self.queue_s_per_token ** 2 * second_c
+
+    @property
+    def prompt_extra_moments_s(self) -> tuple[Array, Array]:
+        """(mean, second moment) of the step time one prompt adds to a decoding request's life."""
+        mean_c, second_c = self._computed_moments
+        return self.extra_s_per_token * mean_c, self.extra_s_per_token ** 2 * second_c
 
 
-def _tpot_quantile(decode: Array, chunk_step: Array, fraction: Array, shape: RequestShape,
-                   quantile: float) -> Array:
-    """A request's TPOT averages its steps; its tail comes from how many carried a prefill chunk,
-    which for short requests is a large share (kvscale.perfmodel.tails)."""
-    share = chunk_share_quantile(fraction, shape.output_tokens, quantile)
-    return decode + share * (chunk_step - decode)
+@lru_cache(maxsize=512)
+def prompt_strata(shape: RequestShape) -> tuple[Array, Array]:
+    """Prompt lengths and their probabilities: through the known percentiles, else a lognormal with
+    the shape's mean and tail prompt (a single length when they are equal)."""
+    if shape.input_percentiles:
+        return percentile_strata(shape.input_percentiles)
+    return lognormal_strata(shape.input_tokens, shape.tail_input_tokens, shape.tail_quantile)
+
+
+def computed_prompt_tokens(shape: RequestShape, lengths: Array) -> Array:
+    """Prompt tokens computed, per prompt length: the prefix cache serves a shared prefix of the
+    same size to every prompt (a system prompt, the conversation so far), the hit rate's share of the
+    mean prompt, so long prompts compute most of their length and short ones little."""
+    cached = shape.prefix_cache_hit_rate * float(shape.input_tokens)
+    return np.maximum(lengths - cached, 1.0)
+
+
+@lru_cache(maxsize=512)
+def prompt_attention_tokens(shape: RequestShape) -> float:
+    """Keys a computed prompt token attends to, on average over prompt tokens: the cached prefix and
+    half the computed part of its prompt, weighted by length (long prompts hold most tokens, and
+    their attention grows with their square)."""
+    lengths, weights = prompt_strata(shape)
+    computed = computed_prompt_tokens(shape, lengths)
+    return float(np.dot(weights, computed * (lengths - computed / 2.0)) / np.dot(weights, computed))
+
+
+def _steps(model: ReplicaModel, shape: RequestShape, running: Array, quantile: float) -> _Steps:
+    mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
+    room = _chunk_room(model, running)
+    _, full_step = _step_times(model, shape, running, room)
+    lengths, weights = prompt_strata(shape)
+    computed = computed_prompt_tokens(shape, lengths)
+    # Each prompt's own chunks: as large as itself or the prompt load per step, within the room.
+    per_step = (running * shape.computed_input_tokens / max(shape.output_tokens, 1.0))[..., None]
+    own_chunk = np.minimum(room[..., None], np.maximum(computed, per_step))
+    own_step = model.step_s(running[..., None], shape.mean_context_tokens, own_chunk,
+                            own_chunk * (lengths - computed / 2.0), own_chunk / computed)
+    own = np.maximum(1.0, computed / own_chunk) * own_step
+    return _Steps(running=running, mean_s=mean, decode_s=decode, chunk_s=chunk_step, fraction=fraction,
+                  chunk_tokens=chunk, own_prefill_s=own, queue_s_per_token=full_step / room, full_step_s=full_step,
+                  decode_slope_s=model.step_s(running + 1.0, shape.mean_context_tokens) - decode,
+                  extra_s_per_token=(chunk_step - decode) / chunk, computed_tokens=computed, weights=weights,
+                  prompt_extra_s=np.maximum(1.0, computed / own_chunk) * (own_step - decode[..., None]))
+
+
+def _tpot(steps: _Steps, others_rate: Array, ttft_mean_s: Array, shape: RequestShape, quantile: float,
+          ) -> tuple[Array, Array]:
+    """(mean, quantile) TPOT of a request while other requests' prompts arrive at `others_rate`. Of the
+    prompts that arrived during its TTFT, about half are prefilled before its first token (in the
+    room its own last chunk leaves): the other half lead into its decode steps."""
+    extra_mean = np.sum(steps.prompt_extra_s * steps.weights, axis=-1)
+    lead = np.where(np.isfinite(ttft_mean_s), ttft_mean_s, 0.0) / 2.0
+    mean = steps.decode_s + others_rate * steps.mean_s * extra_mean
+    prompt_extra = steps.prompt_extra_s
+    return mean, tpot_quantile_s(steps.decode_s, steps.decode_slope_s, steps.mean_s, steps.full_step_s, others_rate,
+                                 lead, prompt_extra, steps.weights, shape.output_tokens, shape.output_tokens_scv,
+                                 quantile, shape.output_percentiles)
+
+
+def _ttft_overhead_s(model: ReplicaModel) -> float:
+    return model.setup.efficiency.ttft_overhead_s(model.arch.num_layers)
+
+
+def _wait_decay(wait_probability: Array, mean_wait_s: Array) -> Array:
+    """Decay rate of the exponential tail of a wait that, when it happens (with `wait_probability`),
+    averages the Pollaczek-Khinchine mean over that probability; 0 where there is no finite wait."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        decay = wait_probability / mean_wait_s
+    return np.where(np.isfinite(decay) & (mean_wait_s > 0), decay, 0.0)
 
 
 def _closed_loop_rates(model: ReplicaModel, shape: RequestShape, running: Array) -> tuple[Array, Array]:
@@ -170,31 +305,78 @@ def _sustained_running(model: ReplicaModel, shape: RequestShape, concurrency: Ar
     return np.where(prefill_bound, np.minimum(low, concurrency), concurrency)
 
 
+def _closed_loop_rate(concurrency: Array, cap: Array, cycle_s: Array, work_mean_s: Array, work_second_s2: Array,
+                      ) -> Array:
+    """The completion rate X of `concurrency` clients: X (wait(X) + cycle) = concurrency, where the
+    prefill wait is the M/G/1 mean at the rate the others send (arrival theorem: a request finds
+    the system as if it had one client fewer); at most `cap` (the saturated rate)."""
+    others = (concurrency - 1.0) / concurrency
+    low = np.zeros_like(cap)
+    high = cap.copy()
+    for _ in range(_BISECTION_ITERATIONS * 2):
+        mid = (low + high) / 2.0
+        _, wait = mg1_wait(others * mid, work_mean_s, work_second_s2)
+        short = mid * (wait + cycle_s) < concurrency
+        low, high = np.where(short, mid, low), np.where(short, high, mid)
+    _, at_cap = mg1_wait(others * cap, work_mean_s, work_second_s2)
+    return np.where(cap * (at_cap + cycle_s) <= concurrency, cap, low)
+
+
 def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrency: ArrayLike,
-                            quantile: float = 0.95) -> LoadEstimate:
-    """Closed loop: `concurrency` requests always in flight (benchmark_serving --max-concurrency)."""
+                            quantile: float = 0.95, slots: ArrayLike | None = None) -> LoadEstimate:
+    """Closed loop: `concurrency` clients, each sending its next request when its last one ends
+    (`vllm bench serve --max-concurrency`, genai-perf/AIPerf concurrency sweeps). At most `slots`
+    sequences run at once (max-num-seqs or what the KV cache holds; unlimited when None): the
+    clients beyond them wait for one to finish."""
     offered = np.maximum(np.asarray(concurrency, dtype=np.float64), 1.0)
-    running = _sustained_running(model, shape, offered)
-    mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
-    decode_limited, prefill_limited = _closed_loop_rates(model, shape, running)
-    rate = np.minimum(decode_limited, prefill_limited)
-    in_batch_s = _own_prefill_s(shape, chunk, chunk_step)
-    # Requests beyond the sustained batch wait for it: Little's law over everything offered.
-    ttft = offered / rate - shape.decode_steps * mean
-    ttft = np.maximum(ttft, in_batch_s)
-    tpot_q = _tpot_quantile(decode, chunk_step, fraction, shape, quantile)
+    admitted = offered if slots is None else np.minimum(offered, np.maximum(np.asarray(slots, dtype=np.float64), 1.0))
+    sustained = _sustained_running(model, shape, admitted)
+    running = sustained
+    for _ in range(_CLOSED_LOOP_ITERATIONS):
+        # Clients whose prompt waits for prefill are not in the batch yet: fewer decoders, more room.
+        steps = _steps(model, shape, running, quantile)
+        decode_limited, prefill_limited = _closed_loop_rates(model, shape, running)
+        cap = np.minimum(decode_limited, prefill_limited)
+        # A client's next request lands while the step after its last token runs (the engine does not
+        # wait for it): it waits out that step unless it is alone.
+        alignment = steps.mean_s * (1.0 - 1.0 / offered) + _ttft_overhead_s(model)
+        cycle = steps.own_prefill_mean_s + alignment + shape.decode_steps * steps.mean_s
+        work_mean, work_second = steps.prompt_work_moments_s
+        rate = _closed_loop_rate(offered, cap, cycle, work_mean, work_second)
+        _, queued_s = mg1_wait(rate * (offered - 1.0) / offered, work_mean, work_second)
+        in_batch = np.clip(admitted - rate * np.where(np.isfinite(queued_s), queued_s, 0.0), 1.0, sustained)
+        if np.max(np.abs(in_batch - running), initial=0.0) < _FIXED_POINT_TOLERANCE:
+            break
+        running = (running + in_batch) / 2.0
+    others = rate * (offered - 1.0) / offered
+    rho, wait = mg1_wait(others, work_mean, work_second)
+    saturated = rate >= cap * (1.0 - 1e-9)
+    # Saturated, requests beyond the sustained batch wait their turn (Little's law over all offered):
+    # in a closed loop that queue is the same length for every request, not a random wait.
+    backlog = np.maximum(offered / rate - shape.decode_steps * steps.mean_s - steps.own_prefill_mean_s - alignment,
+                         0.0)
+    wait = np.where(saturated | ~np.isfinite(wait), backlog, wait)
+    busy = np.where(saturated, 0.0, np.minimum(rho, 1.0))
+    shift = steps.full_step_s / 2.0
+    wait = np.where(saturated, wait, wait + busy * shift)
+    fixed = alignment + np.where(saturated, backlog, 0.0)
+    ttft_q = ttft_quantile_s(steps.own_prefill_s, steps.weights, busy, _wait_decay(busy, wait - busy * shift), shift,
+                             fixed, quantile)
+    ttft_mean = steps.own_prefill_mean_s + alignment + wait
+    tpot_mean, tpot_q = _tpot(steps, others, ttft_mean, shape, quantile)
     return LoadEstimate(
         running_seqs=running,
         request_rate=rate,
         output_tokens_per_s=rate * shape.output_tokens,
-        tpot_mean_s=mean,
+        tpot_mean_s=tpot_mean,
         tpot_quantile_s=tpot_q,
-        ttft_mean_s=ttft,
-        ttft_quantile_s=ttft + _tail_prefill_s(shape, chunk, chunk_step) - in_batch_s,
-        decode_step_s=decode,
-        chunk_step_s=chunk_step,
-        prefill_utilisation=fraction,
+        ttft_mean_s=ttft_mean,
+        ttft_quantile_s=ttft_q,
+        decode_step_s=steps.decode_s,
+        chunk_step_s=steps.chunk_s,
+        prefill_utilisation=steps.fraction,
         stable=np.ones_like(running, dtype=bool),
+        prefill_wait_mean_s=wait,
     )
 
 
@@ -246,7 +428,10 @@ def concurrency_limit(shape: RequestShape, max_num_seqs: ArrayLike, kv_cache_tok
     (prompt + half the output) as vLLM's on-demand allocation does when run flat out; it then
     preempts when sequences grow together, which throughput benchmarks tolerate and SLOs do not.
     """
-    per_seq = shape.mean_context_tokens if oversubscribe else shape.input_tokens + shape.output_tokens
+    # Prefix-cached prompt blocks are shared between the sequences that hit them: a sequence holds
+    # only its computed prompt tokens and its outputs of its own.
+    own = shape.computed_input_tokens if shape.prefix_cache_hit_rate > 0 else shape.input_tokens
+    per_seq = own + shape.output_tokens / 2.0 if oversubscribe else own + shape.output_tokens
     by_cache = np.floor(np.asarray(kv_cache_tokens, dtype=np.float64) / per_seq)
     return np.maximum(np.minimum(np.asarray(max_num_seqs, dtype=np.float64), by_cache), 0.0)
 
@@ -256,55 +441,72 @@ def max_request_rate(model: ReplicaModel, shape: RequestShape, slots: ArrayLike)
     return estimate_at_concurrency(model, shape, slots).request_rate
 
 
+def _saturated_rate(model: ReplicaModel, shape: RequestShape, slots: Array) -> Array:
+    """Completions/s with every slot busy and no client think time: the open loop's ceiling."""
+    running = _sustained_running(model, shape, slots)
+    decode_limited, prefill_limited = _closed_loop_rates(model, shape, running)
+    return np.minimum(decode_limited, prefill_limited)
+
+
 def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: ArrayLike, slots: ArrayLike,
                      quantile: float = 0.95) -> LoadEstimate:
-    """Open loop: Poisson arrivals at `request_rate` into a replica with `slots` concurrent sequences."""
+    """Open loop: Poisson arrivals at `request_rate` into a replica with `slots` concurrent sequences
+    (`vllm bench serve --request-rate`)."""
     rate = np.asarray(request_rate, dtype=np.float64)
     cap = np.maximum(np.asarray(slots, dtype=np.float64), 1.0)
     rate, cap = np.broadcast_arrays(rate, cap)
-    full = estimate_at_concurrency(model, shape, cap, quantile)
-    service_full_s = cap / full.request_rate  # one slot's occupancy when every slot is busy
+    full_rate = _saturated_rate(model, shape, cap)
+    service_full_s = cap / full_rate  # one slot's occupancy when every slot is busy
 
     running = np.minimum(np.maximum(rate * service_full_s, 1.0), cap)
+    in_batch_s = service_full_s
     for _ in range(_FIXED_POINT_ITERATIONS):  # Little's law: running = rate × time in the batch
-        mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
-        in_batch_s = _own_prefill_s(shape, chunk, chunk_step) + shape.decode_steps * mean
+        mean, _, chunk_step, _, chunk = _mean_step(model, shape, running)
+        # A prompt joins the batch with its first chunk, often a remainder of a step older prompts
+        # fill, and leaves prefill with the step its last chunk ends, which younger ones fill: when
+        # prompts queue, that is half a full step more in the batch (as in the TTFT's shift).
+        room = _chunk_room(model, running)
+        _, full_step = _step_times(model, shape, running, room)
+        busy = np.minimum(rate * shape.computed_input_tokens * full_step / room, 1.0)
+        in_batch_s = _own_prefill_s(shape, chunk, chunk_step) + busy * full_step / 2.0 + shape.decode_steps * mean
         updated = np.minimum(np.maximum(rate * in_batch_s, 1.0), cap)
         converged = np.max(np.abs(updated - running), initial=0.0) < _FIXED_POINT_TOLERANCE
         running = updated
         if converged:
             break
-    mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
-    own_prefill = _own_prefill_s(shape, chunk, chunk_step)
+    steps = _steps(model, shape, running, quantile)
 
-    stable = rate < full.request_rate
-    slot_wait = mmc_wait_quantile_s(cap, rate, service_full_s, quantile)
-    prefill_rho = rate / _prefill_capacity_rate(model, shape, running)
-    # Poisson arrivals; prefill service varies with prompt length (its squared CV matched to the
-    # percentile prompt); the rest of the spread is learned online as a tail factor (calibration).
-    prefill_wait = gg1_wait_quantile_s(prefill_rho, own_prefill, quantile,
-                                       service_scv=shape.prompt_length_scv(quantile))
-    alignment = mean / 2.0  # an arrival lands mid-step
-    # The percentile TTFT is a long prompt prefilled without waiting, or a typical one after the
-    # percentile wait, whichever is longer: the two rarely coincide, and a sum of percentiles would
-    # leave queueing almost no budget wherever long prompts alone come near the SLO.
-    tail_prefill = _tail_prefill_s(shape, chunk, chunk_step)
-    ttft_q = np.where(stable, np.maximum(tail_prefill, own_prefill + slot_wait + prefill_wait) + alignment, np.inf)
-    ttft_mean = np.where(stable, own_prefill + alignment, np.inf)
-    tpot_q = _tpot_quantile(decode, chunk_step, fraction, shape, quantile)
-    served = np.minimum(rate, full.request_rate)
+    stable = rate < full_rate
+    slot_wait_q = mmc_wait_quantile_s(cap, rate, service_full_s, quantile)
+    slot_wait_mean = mmc_wait_mean_s(cap, rate, service_full_s)
+    work_mean, work_second = steps.prompt_work_moments_s
+    rho, wait = mg1_wait(rate, work_mean, work_second)
+    # An arrival that finds no prompt work ahead still waits out the decode step in progress (the
+    # prompt work in progress is the queue's): busy share x decode-only share x half that step.
+    busy = np.clip(rate * in_batch_s, 0.0, 1.0)
+    alignment = busy * (1.0 - steps.fraction) * steps.decode_s ** 2 / (2.0 * steps.mean_s) + _ttft_overhead_s(model)
+    stable = stable & np.isfinite(wait)
+    busy = np.minimum(rho, 1.0)
+    shift = steps.full_step_s / 2.0
+    ttft_q = np.where(stable, ttft_quantile_s(steps.own_prefill_s, steps.weights, busy, _wait_decay(busy, wait), shift,
+                                              alignment + slot_wait_q, quantile), np.inf)
+    wait = wait + busy * shift
+    ttft_mean = np.where(stable, steps.own_prefill_mean_s + wait + alignment + slot_wait_mean, np.inf)
+    served = np.minimum(rate, full_rate)
+    tpot_mean, tpot_q = _tpot(steps, served, ttft_mean, shape, quantile)
     return LoadEstimate(
         running_seqs=running,
         request_rate=served,
         output_tokens_per_s=served * shape.output_tokens,
-        tpot_mean_s=mean,
+        tpot_mean_s=tpot_mean,
         tpot_quantile_s=tpot_q,
         ttft_mean_s=ttft_mean,
         ttft_quantile_s=ttft_q,
-        decode_step_s=decode,
-        chunk_step_s=chunk_step,
-        prefill_utilisation=fraction,
+        decode_step_s=steps.decode_s,
+        chunk_step_s=steps.chunk_s,
+        prefill_utilisation=steps.fraction,
         stable=stable,
+        prefill_wait_mean_s=np.where(stable, wait + slot_wait_mean, np.inf),
     )
 
 

@@ -18,6 +18,7 @@ from kvscale.errors import PlanningError
 from kvscale.perfmodel.efficiency import DEFAULT_EFFICIENCY, EfficiencyFactors
 from kvscale.perfmodel.memory import max_model_len_that_fits
 from kvscale.perfmodel.precision import check_loadable
+from kvscale.perfmodel.queueing import normal_quantile
 from kvscale.perfmodel.replica import (
     ReplicaModel,
     ServingSetup,
@@ -26,10 +27,12 @@ from kvscale.perfmodel.replica import (
 )
 from kvscale.perfmodel.serving import (
     RequestShape,
+    computed_prompt_tokens,
     concurrency_limit,
     estimate_at_concurrency,
     estimate_at_rate,
     estimate_goodput,
+    prompt_strata,
 )
 from kvscale.planner.candidates import max_num_seqs_options, tensor_parallel_options
 from kvscale.planner.explain import explain_feasible, explain_infeasible
@@ -108,13 +111,33 @@ def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0) -> Candida
     )
 
 
+# How sure the cap must be that the running sequences' KV fits: 99% (a collapse is not a tail).
+KV_FIT_QUANTILE = 0.99
+
+
+def sequences_the_cache_holds(shape: RequestShape, kv_cache_tokens: float) -> int:
+    """The most sequences whose full-length KV (computed prompt + output, lengths as the shape's
+    mix) fits in the cache at KV_FIT_QUANTILE: n·mean + z·sqrt(n)·sd <= tokens."""
+    prompts, weights = prompt_strata(shape)
+    computed = computed_prompt_tokens(shape, prompts)
+    mean = float(np.dot(computed, weights)) + shape.output_tokens
+    # Outputs as the model takes them (geometric when nothing else is known: variance ~ mean²).
+    variance = float(np.dot((computed - np.dot(computed, weights)) ** 2, weights)) + shape.output_tokens**2
+    z = normal_quantile(KV_FIT_QUANTILE)
+    root = (-z * math.sqrt(variance) + math.sqrt(z * z * variance + 4.0 * mean * kv_cache_tokens)) / (2.0 * mean)
+    return max(int(root * root), 1)
+
+
 def planned_shape(spec: LLMDeploymentSpec) -> RequestShape:
     """The request shape the spec states, with the percentile prompt assumed (exponential lengths):
     a workload's longest prompts set its TTFT percentile, and the spec gives only the mean."""
     workload = spec.workload
     longest = None if workload.max_context_tokens is None else workload.max_context_tokens - workload.output_tokens
-    return RequestShape.with_assumed_tail(workload.input_tokens, workload.output_tokens,
-                                          spec.slo.percentile / 100.0, longest)
+    shape = RequestShape.with_assumed_tail(workload.input_tokens, workload.output_tokens,
+                                           spec.slo.percentile / 100.0, longest)
+    return replace(shape, prefix_cache_hit_rate=workload.prefix_cache_hit_rate,
+                   input_percentiles=workload.percentile_points(workload.input_tokens_percentiles),
+                   output_percentiles=workload.percentile_points(workload.output_tokens_percentiles))
 
 
 def _replicas_for(spec: LLMDeploymentSpec, goodput_rps: float) -> int:
@@ -138,6 +161,15 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
                            None, math.inf, math.inf)
     model = build_replica_model(setup)
     capacities = [compute_replica_kv_capacity(setup, b, shape.mean_context_tokens) for b in batches]
+    if not spec.serving.max_num_seqs:
+        # A cap above what the KV cache holds lets vLLM admit sequences it must preempt (and recompute)
+        # when they grow together: under a burst of long prompts that is a collapse, not a slowdown.
+        # Such caps are lowered to what the cache holds (sequences_the_cache_holds).
+        held = sorted({max(1, min(b, sequences_the_cache_holds(shape, c.tokens)))
+                       for b, c in zip(batches, capacities, strict=True)})
+        if held != batches:
+            batches = held
+            capacities = [compute_replica_kv_capacity(setup, b, shape.mean_context_tokens) for b in batches]
     fits_len = [max_model_len_that_fits(arch, c, setup.kv_cache_dtype, tp) for c in capacities]
     wanted_len = spec.workload.max_context_tokens or arch.max_context_tokens
     weights = capacities[0].weights_bytes

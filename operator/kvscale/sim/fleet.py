@@ -146,7 +146,7 @@ def simulate(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPolic
              config: FleetConfig | None = None) -> SimulationResult:
     """Replay `trace` against a fleet scaled by `policy`; every figure in simulated time."""
     config = config or FleetConfig()
-    log = RequestLog(trace.arrival_s, trace.input_tokens, trace.output_tokens)
+    log = RequestLog(trace.arrival_s, trace.input_tokens, trace.output_tokens, trace.prefix_group, trace.prefix_tokens)
     fleet = _Fleet(deployment, log, config)
     fleet.start(policy.initial_replicas())
     scraper = FleetScraper(log, config.window_s, config.scrape_interval_s, deployment.spec.slo.percentile)

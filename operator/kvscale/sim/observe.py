@@ -49,6 +49,8 @@ class _Bucket:
     preemptions: int
     running_seq_s: float  # sequences x seconds run by the scraped pods
     pod_s: float  # seconds the scraped pods were up
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix caches (vLLM's prefix_cache_queries)
+    prefix_hits: int = 0  # and found there (prefix_cache_hits)
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,14 @@ class FleetScraper:
         self._finished_seen = 0
         self._first_seen = 0
         self._preemptions_seen = 0
+        self._prefix_seen = (0, 0)
         self._running_seen: dict[int, float] = {}
         self._interval_s = scrape_interval_s
+
+    def _prefix_hit_rate(self) -> float | None:
+        """rate(prefix_cache_hits) / rate(prefix_cache_queries) over the window."""
+        queries = sum(b.prefix_queries for b in self._buckets)
+        return sum(b.prefix_hits for b in self._buckets) / queries if queries else None
 
     def _peak_rate(self) -> float:
         """Finished requests/s over the busiest PEAK_RATE_INTERVAL_S of the window (consecutive scrapes)."""
@@ -92,10 +100,13 @@ class FleetScraper:
             preemptions=log.preemptions - self._preemptions_seen,
             running_seq_s=running_seq_s,
             pod_s=len(pods) * self._interval_s,
+            prefix_queries=log.prefix_cache_queries - self._prefix_seen[0],
+            prefix_hits=log.prefix_cache_hits - self._prefix_seen[1],
         )
         self._finished_seen = len(log.finish_order)
         self._first_seen = len(log.first_token_order)
         self._preemptions_seen = log.preemptions
+        self._prefix_seen = (log.prefix_cache_queries, log.prefix_cache_hits)
         self._buckets.append(bucket)
         finished = np.concatenate([b.finished for b in self._buckets])
         first = np.concatenate([b.first_tokens for b in self._buckets])
@@ -107,7 +118,9 @@ class FleetScraper:
         q = self.percentile
 
         ttft = log.first_token_s[first] - log.arrival_s[first]
-        prefill = log.first_token_s[first] - log.scheduled_s[first]
+        # The engine's prefill time (vLLM's request_prefill_time_seconds) leaves out the API server's share.
+        response_delay_s = pods[0].response_delay_s if pods else 0.0
+        prefill = log.first_token_s[first] - log.scheduled_s[first] - response_delay_s
         outputs = log.output_tokens[finished]
         multi = finished[outputs > 1]
         decode_s = log.finish_s[multi] - log.first_token_s[multi]
@@ -143,6 +156,7 @@ class FleetScraper:
             window_s=covered_s,
             # output-token-weighted mean inter-token time, as sum/count of vLLM's histogram gives it
             tpot_mean_s=float(decode_s.sum() / intervals.sum()) if intervals.size else None,
+            prefix_cache_hit_rate=self._prefix_hit_rate() if log.prefix_group is not None else None,
         )
         return WindowStats(
             observation=observation,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 
 import numpy as np
 from numpy.typing import NDArray
@@ -79,11 +79,17 @@ class RequestLog:
     """Per-request outcomes (NaN until they happen) and the order in which events happened."""
 
     def __init__(self, arrival_s: NDArray[np.float64], input_tokens: NDArray[np.int64],
-                 output_tokens: NDArray[np.int64]) -> None:
+                 output_tokens: NDArray[np.int64], prefix_group: NDArray[np.int64] | None = None,
+                 prefix_tokens: NDArray[np.int64] | None = None) -> None:
         n = arrival_s.size
         self.arrival_s = arrival_s
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
+        self.prefix_group = prefix_group
+        self.prefix_tokens = prefix_tokens
+        # vLLM's prefix_cache_queries / prefix_cache_hits counters: prompt tokens looked up, found.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.scheduled_s = np.full(n, np.nan)  # first time an engine step took some of its prompt
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
@@ -96,7 +102,7 @@ class RequestLog:
 class _Seq:
     """A request inside one engine."""
 
-    __slots__ = ("base", "computed", "emitted", "epoch", "out", "prompt", "req", "target")
+    __slots__ = ("base", "computed", "emitted", "epoch", "out", "prompt", "req", "shared", "target")
 
     def __init__(self, req: int, prompt: int, out: int) -> None:
         self.req = req
@@ -107,6 +113,7 @@ class _Seq:
         self.target = prompt  # tokens this prefill must compute
         self.base = 0  # while decoding: KV tokens = base + engine steps
         self.epoch = 0  # bumped when a sequence leaves the decoders (invalidates its heap entry)
+        self.shared = 0  # prompt tokens served by the prefix cache: attended, but blocks it shares
 
 
 class Replica:
@@ -132,10 +139,18 @@ class Replica:
         self.prefill_kv = 0  # KV tokens held by prefilling sequences
         self.decoders = 0
         self.decode_base = 0  # decoders' KV tokens = decode_base + decoders * steps
+        self.shared_kv = 0  # of those and the prefilling ones, tokens in shared prefix blocks (held once)
         self.finishing: list[tuple[int, int, int, _Seq]] = []  # (finish step, epoch, req, seq)
         self.preemptions = 0
         self.busy_s = 0.0
         self.running_seq_s = 0.0  # integral of the running batch over time (for window averages)
+        # Outside the engine: the API server's share of every request (HTTP, tokenization, the
+        # hand-off); the client sees its tokens this much later than the engine makes them.
+        self.response_delay_s = cost.model.setup.efficiency.ttft_overhead_s(cost.model.arch.num_layers)
+        # The prefix cache: groups whose prefix KV the engine still holds, least recently used first.
+        # Their blocks live in what the running sequences leave free; this many tokens at most.
+        self.prefix_cache: OrderedDict[int, int] = OrderedDict()
+        self.prefix_cache_capacity_tokens = self.kv_cache_tokens // 4
 
     # --- what the router and the metrics see -----------------------------------------------------
     @property
@@ -144,7 +159,7 @@ class Replica:
 
     @property
     def kv_used_tokens(self) -> int:
-        return self.decode_base + self.decoders * self.steps + self.prefill_kv
+        return self.decode_base + self.decoders * self.steps + self.prefill_kv - self.shared_kv
 
     @property
     def kv_usage(self) -> float:
@@ -169,6 +184,7 @@ class Replica:
 
     def _preempt_newest(self) -> None:
         seq = self.running.pop()
+        self._release_shared(seq)
         if seq.computed >= seq.target:  # decoding: its KV and progress follow from the step count
             self.decoders -= 1
             self.decode_base -= seq.base
@@ -186,7 +202,7 @@ class Replica:
     def _step(self) -> None:
         cap = self.kv_cache_tokens
         while True:
-            used = self.decode_base + self.decoders * self.steps + self.prefill_kv
+            used = self.decode_base + self.decoders * self.steps + self.prefill_kv - self.shared_kv
             if self.decoders and used + self.decoders > cap:
                 self._preempt_newest()
                 continue
@@ -202,7 +218,9 @@ class Replica:
                 free -= take
             while self.waiting and budget > 0 and free > 0 and len(self.running) < self.max_num_seqs:
                 seq = self.waiting.popleft()
-                take = min(seq.target, budget, free)
+                if seq.computed == 0:
+                    self._look_up_prefix(seq)
+                take = min(seq.target - seq.computed, budget, free)
                 self.running.append(seq)
                 self.prefilling.append(seq)
                 if seq.emitted == 0 and math.isnan(self.log.scheduled_s[seq.req]):
@@ -233,12 +251,48 @@ class Replica:
                 self._prefill_done(seq)
         self._finish_due()
 
+    def _look_up_prefix(self, seq: _Seq) -> None:
+        """Start a prompt past the prefix the cache holds (at least its last token is computed, as in
+        vLLM). The prefix's blocks are shared: attended by the sequence, held once (kept within
+        `prefix_cache_capacity_tokens`, not counted against the running sequences)."""
+        log = self.log
+        self.log.prefix_cache_queries += seq.target
+        if log.prefix_group is None or log.prefix_tokens is None:
+            return
+        group = int(log.prefix_group[seq.req])
+        if group < 0 or group not in self.prefix_cache:
+            return
+        self.prefix_cache.move_to_end(group)
+        hit = min(int(log.prefix_tokens[seq.req]), seq.target - 1)
+        seq.computed = hit
+        seq.shared = hit
+        self.prefill_kv += hit
+        self.shared_kv += hit
+        log.prefix_cache_hits += hit
+
+    def _release_shared(self, seq: _Seq) -> None:
+        self.shared_kv -= seq.shared
+        seq.shared = 0
+
+    def _remember_prefix(self, seq: _Seq) -> None:
+        log = self.log
+        if log.prefix_group is None or log.prefix_tokens is None:
+            return
+        group = int(log.prefix_group[seq.req])
+        if group < 0:
+            return
+        self.prefix_cache[group] = int(log.prefix_tokens[seq.req])
+        self.prefix_cache.move_to_end(group)
+        while sum(self.prefix_cache.values()) > self.prefix_cache_capacity_tokens and len(self.prefix_cache) > 1:
+            self.prefix_cache.popitem(last=False)
+
     def _prefill_done(self, seq: _Seq) -> None:
+        self._remember_prefix(seq)
         self.prefilling.remove(seq)
         self.prefill_kv -= seq.target
         log = self.log
         if seq.emitted == 0:
-            log.first_token_s[seq.req] = self.clock
+            log.first_token_s[seq.req] = self.clock + self.response_delay_s
             log.first_token_order.append(seq.req)
         seq.emitted += 1
         if seq.emitted >= seq.out:
@@ -250,8 +304,9 @@ class Replica:
         heapq.heappush(self.finishing, (self.steps + seq.out - seq.emitted, seq.epoch, seq.req, seq))
 
     def _finish(self, seq: _Seq) -> None:
+        self._release_shared(seq)
         self.running.remove(seq)
-        self.log.finish_s[seq.req] = self.clock
+        self.log.finish_s[seq.req] = self.clock + self.response_delay_s
         self.log.finish_order.append(seq.req)
 
     def _finish_due(self) -> None:

@@ -5,6 +5,9 @@
     synthetic:bursts:rate=2:burst_rate=20:every=600:length=60:duration=3600
 
 Common keys: input=512 and output=256 (mean tokens), lengths=fixed|exponential, seed=0.
+Shared prefixes: prefixes=N (groups; 0, the default, for none) and prefix=T tokens: each request's
+prompt starts with one of N prefixes of T tokens (groups drawn Zipf-like, as system prompts and
+conversations are), followed by its own `input` tokens.
 Non-homogeneous arrivals are drawn by thinning a Poisson process at the peak rate.
 """
 
@@ -23,7 +26,7 @@ PREFIX = "synthetic:"
 KINDS = ("poisson", "diurnal", "bursts")
 _DEFAULTS: dict[str, float] = {"rate": 5.0, "duration": 3600.0, "input": 512.0, "output": 256.0, "seed": 0.0,
                                "amplitude": 0.8, "period": 3600.0, "burst_rate": 20.0, "every": 600.0,
-                               "length": 60.0}
+                               "length": 60.0, "prefixes": 0.0, "prefix": 1024.0}
 _LENGTHS = ("fixed", "exponential")
 
 RateFunction = Callable[[NDArray[np.float64]], NDArray[np.float64]]
@@ -51,7 +54,7 @@ def _parse(text: str) -> tuple[str, dict[str, float], str]:
             values[key] = float(value)
         except ValueError as exc:
             raise InvalidSpecError(f"--trace {text!r}: {key} must be a number, got {value!r}") from exc
-    for key in ("rate", "duration", "input", "output", "period", "every", "length"):
+    for key in ("rate", "duration", "input", "output", "period", "every", "length", "prefix"):
         if values[key] <= 0 and not (key == "rate" and values[key] == 0):
             raise InvalidSpecError(f"--trace {text!r}: {key} must be positive")
     return kind, values, lengths
@@ -101,5 +104,14 @@ def generate_synthetic_trace(text: str) -> Trace:
     if count and kind != "poisson":
         times = times[rng.uniform(0.0, peak, count) < rate_at(times)]
     n = times.size
-    return Trace(name=text, arrival_s=times, input_tokens=_lengths(rng, values["input"], n, lengths),
-                 output_tokens=_lengths(rng, values["output"], n, lengths), duration_s=duration)
+    inputs = _lengths(rng, values["input"], n, lengths)
+    outputs = _lengths(rng, values["output"], n, lengths)
+    groups = int(values["prefixes"])
+    if groups <= 0:
+        return Trace(name=text, arrival_s=times, input_tokens=inputs, output_tokens=outputs, duration_s=duration)
+    # Zipf-like popularity: group k is drawn in proportion to 1/(k+1).
+    popularity = 1.0 / np.arange(1, groups + 1)
+    group = rng.choice(groups, size=n, p=popularity / popularity.sum()).astype(np.int64)
+    shared = np.full(n, max(int(values["prefix"]), 1), dtype=np.int64)
+    return Trace(name=text, arrival_s=times, input_tokens=inputs + shared, output_tokens=outputs,
+                 duration_s=duration, prefix_group=group, prefix_tokens=shared)

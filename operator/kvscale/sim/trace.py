@@ -39,6 +39,11 @@ class Trace:
     output_tokens: NDArray[np.int64]
     duration_s: float
     attribution: str | None = None
+    # Shared prompt prefixes (a system prompt, a conversation so far): the group a request's prompt
+    # starts with (-1: none) and how many of its tokens that prefix is. A server whose prefix cache
+    # holds the group's KV computes only the rest.
+    prefix_group: NDArray[np.int64] | None = None
+    prefix_tokens: NDArray[np.int64] | None = None
 
     @property
     def requests(self) -> int:
@@ -59,7 +64,9 @@ class Trace:
             raise InvalidSpecError(f"--duration-s must be positive, got {duration_s}")
         keep = self.arrival_s < duration_s
         return replace(self, arrival_s=self.arrival_s[keep], input_tokens=self.input_tokens[keep],
-                       output_tokens=self.output_tokens[keep], duration_s=duration_s)
+                       output_tokens=self.output_tokens[keep], duration_s=duration_s,
+                       prefix_group=None if self.prefix_group is None else self.prefix_group[keep],
+                       prefix_tokens=None if self.prefix_tokens is None else self.prefix_tokens[keep])
 
     def rate_per_window(self, window_s: float = 60.0) -> NDArray[np.float64]:
         """Arrivals/s in consecutive windows of `window_s` from the start."""

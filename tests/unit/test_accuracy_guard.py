@@ -1,0 +1,38 @@
+"""Accuracy as a regression guard: the headline median errors of `benchmarks/accuracy.py` (NVIDIA GPUs
+with vLLM, TensorRT-LLM or NIM, per metric and per way the load was applied) may not rise more than
+two points above the figures committed in docs/accuracy.md. A change that makes the model better
+lowers the committed figures in the same commit; one that makes it worse fails here."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from benchmarks_loader import load_benchmark
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "accuracy.md"
+ALLOWED_RISE_POINTS = 2.0
+GUARD_BLOCK = re.compile(r"```accuracy-guard\n(.*?)```", re.DOTALL)
+
+
+def committed() -> dict[str, float]:
+    match = GUARD_BLOCK.search(DOC.read_text())
+    assert match, "docs/accuracy.md has no ```accuracy-guard block"
+    figures = {}
+    for line in match.group(1).splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, value = line.split()[:2]
+            figures[key] = float(value)
+    return figures
+
+
+def test_no_headline_median_error_rose_beyond_the_committed_figure() -> None:
+    accuracy = load_benchmark("accuracy")
+    now = {key: error for key, (error, count) in accuracy.headline_medians(accuracy.run()).items() if count}
+    figures = committed()
+    assert set(now) == set(figures), "docs/accuracy.md guards other figures than accuracy.py reports"
+    worse = {key: (figures[key], round(now[key], 2)) for key in now if now[key] > figures[key] + ALLOWED_RISE_POINTS}
+    assert not worse, f"median % error rose (committed, now): {worse}"

@@ -1,0 +1,123 @@
+"""The latency distributions under load: the helpers against closed forms, the model's shape against
+what queueing says it must do (monotone in load, short requests set the TPOT tail, a lone client
+never queues, prefix hits cut the prefill)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kvscale.api.spec import Precision
+from kvscale.catalog import find_gpu, resolve_architecture
+from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency, estimate_at_rate
+from kvscale.perfmodel.distributions import (
+    compound_poisson_sf,
+    gamma_sf,
+    lognormal_strata,
+    normal_sf,
+    percentile_strata,
+    quantile_by_bisection,
+)
+from kvscale.perfmodel.latency import output_interval_strata
+
+
+def _model(gpu: str = "H100-SXM"):  # type: ignore[no-untyped-def]
+    return build_replica_model(ServingSetup(resolve_architecture("llama-3.1-8b"), find_gpu(gpu), 1, Precision.BF16))
+
+
+def test_normal_and_gamma_tails_match_closed_forms() -> None:
+    assert float(normal_sf(1.6448536)) == pytest.approx(0.05, abs=1e-6)
+    assert float(normal_sf(-1.0)) == pytest.approx(1 - 0.1586553, abs=1e-6)
+    # A gamma of variance mean² is an exponential: its tail is exp(-x / mean), to a few percent.
+    for x in (0.5, 1.0, 3.0):
+        assert float(gamma_sf(x, 1.0, 1.0)) == pytest.approx(math.exp(-x), rel=0.06)
+
+
+def test_compound_poisson_has_its_atom_and_its_mean() -> None:
+    events, size = 0.3, 2.0
+    # With fixed sizes S > 0 exactly when at least one event happens.
+    assert float(compound_poisson_sf(0.5, events, size, size**2)) == pytest.approx(1 - math.exp(-events), rel=0.02)
+    xs = np.linspace(0.0, 60.0, 6001)
+    mean = float(np.trapezoid(compound_poisson_sf(xs, 5.0, size, size**2), xs))
+    assert mean == pytest.approx(5.0 * size, rel=0.03)
+
+
+def test_length_strata_keep_the_mean_and_the_stated_percentiles() -> None:
+    values, weights = lognormal_strata(1000.0, 3000.0, 0.95)
+    assert float(np.dot(values, weights)) == pytest.approx(1000.0)
+    assert float(weights.sum()) == pytest.approx(1.0)
+    assert float(weights[values < 3000.0].sum()) == pytest.approx(0.95, abs=0.03)
+    alike, one = lognormal_strata(1000.0, 1000.0, 0.95)
+    assert alike.tolist() == [1000.0] and one.tolist() == [1.0]
+
+    values, weights = percentile_strata(((0.5, 1000.0), (0.9, 2700.0), (0.99, 4100.0)))
+    assert float(weights[values <= 1000.0].sum()) == pytest.approx(0.5, abs=0.08)
+    assert float(weights[values <= 4100.0].sum()) == pytest.approx(0.99, abs=0.01)
+    assert np.all(np.diff(values) >= 0)
+
+
+def test_output_strata_reach_the_short_requests_that_set_the_tpot_tail() -> None:
+    intervals, weights = output_interval_strata(200.0, None)
+    assert float(weights.sum()) == pytest.approx(1.0)
+    assert float(intervals.min()) <= 2.0  # geometric: 1 in 200 requests ends within two tokens
+    assert float(np.dot(intervals, weights)) == pytest.approx(199.0, rel=0.08)
+
+
+def test_bisection_finds_the_quantile_of_an_exponential() -> None:
+    def survival(t: np.ndarray) -> np.ndarray:
+        return np.exp(-np.asarray(t) / 2.0)
+
+    assert float(quantile_by_bisection(survival, 0.95, np.array(0.0), np.array(100.0))) == pytest.approx(
+        2.0 * math.log(20.0), rel=1e-5)
+
+
+def test_a_lone_client_never_queues_and_more_clients_queue_more() -> None:
+    model = _model()
+    shape = RequestShape(2048, 256)
+    alone = estimate_at_concurrency(model, shape, 1.0, 0.95)
+    assert float(alone.prefill_wait_mean_s) == pytest.approx(0.0, abs=1e-9)
+    outside_the_engine_s = model.setup.efficiency.ttft_overhead_s(model.arch.num_layers)
+    assert float(alone.ttft_mean_s) == pytest.approx(float(model.prefill_s(2048)) + outside_the_engine_s, rel=0.05)
+    sweep = estimate_at_concurrency(model, shape, np.array([1.0, 8.0, 32.0, 128.0]), 0.95)
+    assert np.all(np.diff(sweep.ttft_mean_s) > 0)
+    assert np.all(np.diff(sweep.ttft_quantile_s) > 0)
+    assert np.all(sweep.ttft_quantile_s >= sweep.ttft_mean_s)
+    # TTFT rises with concurrency far more than the prefill of one prompt does (issue 13's complaint).
+    assert float(sweep.ttft_mean_s[3]) > 1.5 * float(sweep.ttft_mean_s[0])
+
+
+def test_open_loop_latencies_rise_with_the_arrival_rate() -> None:
+    model = _model()
+    shape = RequestShape.with_assumed_tail(1024, 256, 0.95)
+    rates = np.array([1.0, 5.0, 10.0, 15.0])
+    at = estimate_at_rate(model, shape, rates, 256.0, 0.95)
+    assert np.all(at.stable)
+    for series in (at.ttft_mean_s, at.ttft_quantile_s, at.tpot_mean_s, at.tpot_quantile_s):
+        assert np.all(np.diff(series) > 0)
+    assert np.all(at.tpot_quantile_s > at.tpot_mean_s)
+
+
+def test_short_outputs_widen_the_tpot_tail() -> None:
+    model = _model()
+    common = RequestShape(2048, 200, output_percentiles=((0.5, 200.0), (0.9, 260.0)))
+    skewed = replace(common, output_percentiles=((0.1, 5.0), (0.5, 60.0), (0.9, 500.0)))
+    rate = 4.0
+    assert float(estimate_at_rate(model, skewed, rate, 256.0, 0.99).tpot_quantile_s) > 1.2 * float(
+        estimate_at_rate(model, common, rate, 256.0, 0.99).tpot_quantile_s)
+
+
+def test_prefix_cache_hits_cut_the_prefill_and_the_kv_a_request_holds() -> None:
+    from kvscale.perfmodel.serving import concurrency_limit
+
+    model = _model("L40S")
+    cold = RequestShape(4096, 256)
+    warm = replace(cold, prefix_cache_hit_rate=0.75)
+    assert warm.computed_input_tokens == pytest.approx(1024)
+    rate = 2.0
+    cold_at, warm_at = (estimate_at_rate(model, s, rate, 64.0, 0.95) for s in (cold, warm))
+    assert float(warm_at.ttft_quantile_s) < 0.5 * float(cold_at.ttft_quantile_s)
+    assert float(warm_at.tpot_quantile_s) < float(cold_at.tpot_quantile_s)
+    assert float(concurrency_limit(warm, 1000, 100_000)) > 2 * float(concurrency_limit(cold, 1000, 100_000))

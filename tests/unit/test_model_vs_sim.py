@@ -1,0 +1,64 @@
+"""The planner's promise against kvscale's fleet simulator running the planned configuration at the
+planner's own efficiency (benchmarks/model_vs_sim.py; docs/accuracy.md has the full table).
+
+The simulator steps a continuous-batching engine request by request; the model is closed-form. Over
+the packaged Azure traces, a long-prompt trace and a shared-prefix trace, at half and nine tenths of
+the planned goodput, every SLO percentile agrees within 25%, and the median error of each of TTFT and
+TPOT is at most 15% (measured at these 16 figures: 8 within 10%, median 9.3%, largest 18.6%). Issue
+13 asks for 10% everywhere; the gaps are stated in docs/accuracy.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvscale.perfmodel import build_replica_model, estimate_at_rate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from benchmarks_loader import load_benchmark
+
+BENCH = load_benchmark("model_vs_sim")
+LOADS = (0.5, 0.9)
+EVERY_POINT = 0.25
+MEDIAN = 0.15
+
+
+@pytest.fixture(scope="module")
+def points() -> list:  # type: ignore[type-arg]
+    return [p for case in BENCH.CASES for p in BENCH.compare(case, LOADS)]
+
+
+def test_every_case_and_load_is_compared(points: list) -> None:  # type: ignore[type-arg]
+    assert {p.case for p in points} == {c.name for c in BENCH.CASES}
+    assert all(p.sim_ttft_ms > 0 and p.sim_tpot_ms > 0 for p in points)
+
+
+@pytest.mark.parametrize("metric", ["ttft", "tpot"])
+def test_the_promise_holds_in_the_simulator(points: list, metric: str) -> None:  # type: ignore[type-arg]
+    errors = {(p.case, p.load): getattr(p, f"{metric}_error") for p in points}
+    worst = max(errors.items(), key=lambda item: abs(item[1]))
+    assert abs(worst[1]) <= EVERY_POINT, f"{metric} off by {worst[1]:+.0%} at {worst[0]}"
+    assert statistics.median(abs(e) for e in errors.values()) <= MEDIAN
+
+
+def test_shared_prefixes_are_what_the_hit_rate_makes_of_them() -> None:
+    """The shared-prefix trace: the simulator's prefix cache finds most prompt tokens (as vLLM's
+    prefix_cache_hits / queries counters would say), and the model needs that rate: without it the
+    promise is several times the measured TTFT, with it within the bound above."""
+    case = next(c for c in BENCH.CASES if c.trace.count("prefixes="))
+    [point] = BENCH.compare(case, (0.5,))
+    assert point.hit_rate > 0.75
+    resource = BENCH.load_resource(BENCH.DATA / case.spec_file)
+    spec = BENCH.described_spec(resource.spec, BENCH.load_trace(case.trace), point.hit_rate)
+    deployment = BENCH._deployment(spec)
+    shape = BENCH.planned_shape(spec)
+    cold = replace(shape, prefix_cache_hit_rate=0.0)
+    model = build_replica_model(deployment.setup)
+    without = estimate_at_rate(model, cold, point.rate_per_s, float(deployment.max_num_seqs), point.percentile / 100)
+    assert float(without.ttft_quantile_s) * 1e3 > 3 * point.sim_ttft_ms
+    assert abs(point.ttft_error) <= EVERY_POINT

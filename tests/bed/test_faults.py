@@ -110,7 +110,7 @@ def test_etcd_stopped_for_seconds_during_a_spec_change(kube: Kube, namespace: st
     apply(kube, namespace, load_document(EXAMPLE))
     before = wait_until(lambda: converged(kube, namespace, NAME), 120, "the resource to converge")
     old_args = container_args(get(kube, "deployment", namespace, NAME))  # type: ignore[arg-type]
-    apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 15}))
+    apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 20}))
     with BED_ETCD.outage(signal.SIGKILL):
         time.sleep(5)  # the outage: etcd gone for five seconds
     after = wait_until(lambda: (o := converged(kube, namespace, NAME))
@@ -151,7 +151,7 @@ def test_a_second_writer_gets_409s_and_kvscale_values_win(kube: Kube, namespace:
     thread.start()
     try:
         time.sleep(2)  # the second writer racing kvscale's own writes: the fault itself
-        apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 15}))  # a spec change in the middle
+        apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 20}))  # a spec change in the middle
         time.sleep(8)
     finally:
         stop.set()
@@ -179,7 +179,7 @@ def test_operator_killed_mid_rollout_converges_and_then_writes_nothing(kube: Kub
         wait_until(lambda: converged(kube, namespace, NAME), 120, "the resource to converge")
         before = get(kube, "deployment", namespace, NAME)
         assert before is not None
-        apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 15}))
+        apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 20}))
         # The moment kvscale has started the rollout (the Deployment's template changed), kill it.
         wait_until(lambda: get(kube, "deployment", namespace, NAME)["metadata"]["generation"]  # type: ignore[index]
                    > before["metadata"]["generation"], 60, "the rollout to start", interval=0.05)

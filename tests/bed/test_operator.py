@@ -98,9 +98,9 @@ def test_changing_the_slo_rolls_the_deployment_and_nothing_else(
     service_before = get(kube, "service", namespace, "llama-70b")
     assert service_before is not None
 
-    changed = resource(path, **{"slo.tpotMs": 15})
+    changed = resource(path, **{"slo.tpotMs": 20})
     expected = plan_deployment(build_plan_inputs(load_resource(path).spec.model_copy(update={
-        "slo": load_resource(path).spec.slo.model_copy(update={"tpot_ms": 15.0})})))
+        "slo": load_resource(path).spec.slo.model_copy(update={"tpot_ms": 20.0})})))
     assert expected.chosen is not None
     apply(kube, namespace, changed)
 

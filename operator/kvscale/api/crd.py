@@ -68,11 +68,11 @@ CEL_RULES: Mapping[tuple[str, ...], Sequence[Mapping[str, str]]] = {
     }, {  # WorkloadSection._percentiles_well_formed (the keys; the order is checked by the operator)
         "rule": "!has(self.inputTokensPercentiles) || self.inputTokensPercentiles.all(k, "
                 "k.matches('^p[0-9]+(\\\\.[0-9]+)?$'))",
-        "message": "inputTokensPercentiles keys are p<percentile>, e.g. p50 or p99.9",
+        "message": "inputTokensPercentiles keys are p and a percentile, e.g. p50 or p99.9",
     }, {
         "rule": "!has(self.outputTokensPercentiles) || self.outputTokensPercentiles.all(k, "
                 "k.matches('^p[0-9]+(\\\\.[0-9]+)?$'))",
-        "message": "outputTokensPercentiles keys are p<percentile>, e.g. p50 or p99.9",
+        "message": "outputTokensPercentiles keys are p and a percentile, e.g. p50 or p99.9",
     }, {  # WorkloadSection._peak_is_not_below_the_mean
         "rule": "!has(self.peakRequestsPerSecond) || self.peakRequestsPerSecond >= self.requestsPerSecond",
         "message": "peakRequestsPerSecond must be at least requestsPerSecond",

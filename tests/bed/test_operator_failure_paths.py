@@ -41,6 +41,9 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
     apply(kube, namespace, load_document(EXAMPLE))
     planned = wait_condition(kube, namespace, NAME, "Planned", "True")
     assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(planned["status"])
+    # The planned Deployment's pods exist (status.replicas counts them) before the spec turns infeasible.
+    wait_until(lambda: (d := get(kube, "deployment", namespace, NAME)) is not None
+               and (d.get("status") or {}).get("replicas") == d["spec"]["replicas"], 60, "the planned pods")
 
     apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 1}))
     infeasible = wait_condition(kube, namespace, NAME, "Infeasible", "True")

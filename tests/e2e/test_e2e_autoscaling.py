@@ -83,8 +83,10 @@ def test_load_drop_scales_down_only_after_the_stabilization_window(stack: Stack)
     # nothing may come down before a whole window of low recommendations (one resync of slack)
     assert first_down.t - drop >= STABILIZATION_S - SCAN_INTERVAL_S, (
         f"scaled down {first_down.t - drop:.0f} s after the drop, inside the {STABILIZATION_S} s window")
-    # ...and it does come down once the rate window (60 s) and the stabilization window have passed
-    assert first_down.t - drop <= 60 + STABILIZATION_S + 30
+    # ...and it does come down once the rate window (60 s) and the stabilization window have passed, with
+    # a scrape interval, a resync and the window's tail of slack (a more conservative goodput needs the
+    # windowed rate to fall further before one replica fewer holds it)
+    assert first_down.t - drop <= 60 + STABILIZATION_S + 45
 
 
 def test_prometheus_outage_holds_replicas_and_sets_metrics_unavailable(stack: Stack) -> None:

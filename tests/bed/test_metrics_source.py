@@ -9,6 +9,8 @@ from bedkit import Prometheus, SimFactory, wait_until
 from kvscale.autoscaler import check_observation
 from kvscale.metrics import DeploymentKey, PrometheusSource
 
+WINDOW_S = 180.0
+
 
 def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, inference_sim: SimFactory) -> None:
     # Two replicas of one deployment, one replica of another, in the same namespace.
@@ -37,8 +39,9 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
         'min(timestamp(vllm:num_requests_running{namespace="metrics-test"}))',
         lambda rows: rows and float(rows[0]["value"][1]) > idle_since_s, timeout=30)
 
-    # A window far longer than the requests above take, so none of them sits on its edge.
-    source = PrometheusSource(prometheus.url, window_s=60)
+    # A window far longer than the requests above take, so none of them sits on its edge, and longer than
+    # the wait below plus a fetch (a dozen queries), so the requests are still inside it when it settles.
+    source = PrometheusSource(prometheus.url, window_s=WINDOW_S)
     keys = [DeploymentKey("metrics-test", "chat"), DeploymentKey("metrics-test", "code"),
             DeploymentKey("metrics-test", "absent")]
 
@@ -53,7 +56,7 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     chat_obs, code_obs = result.observations[keys[0]], result.observations[keys[1]]
     seen = f"chat: {chat_obs}; code: {code_obs}"  # every assertion below says what it saw
     assert keys[2] not in result.observations
-    assert chat_obs.window_s == 60.0  # the policy weighs rate noise by it
+    assert chat_obs.window_s == WINDOW_S  # the policy weighs rate noise by it
     assert chat_obs.pods_scraped == 2 and code_obs.pods_scraped == 1, seen
     assert chat_obs.mean_output_tokens is not None and 1 <= chat_obs.mean_output_tokens <= 12, seen
     assert chat_obs.request_rate is not None and code_obs.request_rate is not None, seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from bedkit import Prometheus, SimFactory, wait_until
@@ -80,6 +81,19 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     assert chat_obs.aborted_rate in (None, 0) and chat_obs.failed_rate in (None, 0), seen
     assert check_observation(chat_obs, time.time(), 120) is None, seen
     assert check_observation(result.observations.get(keys[2]), time.time(), 120) is not None
+
+    # The history a restarted operator seeds its forecasts with: a range query, one point per step.
+    # (the series are seconds old here: wait for a few points of them)
+    def some_history() -> object:
+        found = source.arrivals_history(keys, lookback_s=WINDOW_S, step_s=2.0, rate_window_s=30.0)
+        return found if len(found.get(keys[0], [])) >= 3 else None
+
+    history = wait_until(some_history, 30, "three points of the chat deployment's arrivals history")
+    assert keys[2] not in history and set(history) == set(keys[:2]), history
+    chat_points = history[keys[0]]
+    assert len(chat_points) >= 3 and all(b[0] - a[0] >= 2.0 for a, b in itertools.pairwise(chat_points))
+    assert max(rate for _, rate in chat_points) > 0, chat_points
+    assert max(rate for _, rate in chat_points) > max(rate for _, rate in history[keys[1]]), history
 
     # A replica that goes away stops counting once Prometheus marks its series stale.
     prometheus.remove_target("metrics-chat-1")

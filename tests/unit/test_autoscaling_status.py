@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from kvscale.api.spec import load_resource
+from kvscale.api.spec import LLMDeploymentSpec, load_resource
 from kvscale.api.status import LLMDeploymentStatus
 from kvscale.autoscaler import Calibration, CalibrationSample, Observation, ScalingHistory, calibrate
 from kvscale.autoscaler.signals import BelowResolution
 from kvscale.controllers.autoscaling import ScalingInput, autoscale, calibration_status, previous_calibration
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_observed_load
-from kvscale.planner import build_plan_inputs, plan_deployment
+from kvscale.planner import Candidate, build_plan_inputs, plan_deployment
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-70b-h100.yaml"
 
@@ -22,6 +22,13 @@ def _setup() -> ServingSetup:
     chosen = plan_deployment(inputs).chosen
     assert chosen is not None
     return ServingSetup(inputs.arch, inputs.gpus[0], chosen.tensor_parallel, inputs.arch.native_precision)
+
+
+def _planned() -> tuple[LLMDeploymentSpec, Candidate]:
+    spec = load_resource(EXAMPLE).spec
+    chosen = plan_deployment(build_plan_inputs(spec)).chosen
+    assert chosen is not None
+    return spec, chosen
 
 
 def _windows(setup: ServingSetup) -> list[CalibrationSample]:
@@ -117,10 +124,7 @@ def test_the_operator_fits_speed_at_the_windows_mean_batch_not_one_instants() ->
 
 
 def test_status_shows_unserved_requests_and_what_the_histograms_cannot_resolve() -> None:
-    spec = load_resource(EXAMPLE).spec  # SLO TPOT 50 ms, TTFT 1000 ms
-    inputs = build_plan_inputs(spec)
-    chosen = plan_deployment(inputs).chosen
-    assert chosen is not None
+    spec, chosen = _planned()  # SLO TPOT 50 ms, TTFT 1000 ms
     now_s = 1_000_000.0
     observation = Observation(
         sampled_at_s=now_s, pods_scraped=1, request_rate=2.0, mean_input_tokens=200, mean_output_tokens=40,
@@ -138,3 +142,27 @@ def test_status_shows_unserved_requests_and_what_the_histograms_cannot_resolve()
                                          "prefill time <= 300 ms (the histogram's first bucket)"]
     # p95 TPOT is at most 10 ms against an SLO of 50: met, although the percentile itself is unknown
     assert result.status.slo_met is True
+
+
+def test_status_reports_the_measured_startup_and_the_forecast_it_sized_for() -> None:
+    spec, chosen = _planned()
+    now_s = 1_000_000.0
+    observation = Observation(
+        sampled_at_s=now_s, pods_scraped=2, request_rate=2.0, mean_input_tokens=200, mean_output_tokens=40,
+        running_requests=3.5, waiting_requests=0.0, kv_cache_usage=0.1, ttft_s=0.04, tpot_s=0.01)
+    result = autoscale(spec, _setup(), chosen, LLMDeploymentStatus(), None, 2, 2, None,
+                       ScalingInput(observation, None, 0.017, ScalingHistory(), now_s, decision_interval_s=30.0),
+                       datetime.fromtimestamp(now_s, UTC), [("chat-0", 200.0), ("chat-1", 400.0)])
+    startup, forecast = result.status.startup, result.status.forecast
+    assert startup is not None and startup.p90_seconds == pytest.approx(380.0)
+    # the horizon is the measured start-up plus one decision, in whole minutes
+    assert forecast is not None and forecast.horizon_seconds == pytest.approx(420.0)
+    assert forecast.forecaster == "last-value" and forecast.scored_minutes == 0
+    assert {b.forecaster for b in forecast.backtest} == {"last-value", "holt-winters", "burst-envelope"}
+    # both survive the round trip through the API server, and the next cycle builds on them
+    again = LLMDeploymentStatus.model_validate(result.status.model_dump(by_alias=True))
+    later = autoscale(spec, _setup(), chosen, again, again, 2, 2, None,
+                      ScalingInput(observation, None, 0.017, result.decision.history, now_s + 30),
+                      datetime.fromtimestamp(now_s + 30, UTC), [("chat-2", 100.0)])
+    assert later.status.startup is not None and [p.pod for p in later.status.startup.recent] == [
+        "chat-0", "chat-1", "chat-2"]

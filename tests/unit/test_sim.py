@@ -299,3 +299,13 @@ def test_histogram_quantile_interpolates_like_prometheus(values: list[float], qu
     result = histogram_percentile(quantile, np.array(values), REQUEST_LATENCY_BUCKETS_S)
     assert result is not None and result.value == pytest.approx(expected)
     assert histogram_percentile(quantile, np.array([]), REQUEST_LATENCY_BUCKETS_S) is None
+
+
+def test_the_weekly_trace_has_quiet_nights_busy_afternoons_and_a_lighter_weekend() -> None:
+    trace = generate_synthetic_trace("synthetic:weekly:rate=2:duration=259200:start_day=6:weekend=0.5:seed=0")
+    hourly = np.bincount((trace.arrival_s // 3600).astype(np.int64), minlength=72) / 3600.0
+    sunday, monday, tuesday = hourly[:24], hourly[24:48], hourly[48:]
+    assert monday.mean() == pytest.approx(2.0, rel=0.03) and tuesday.mean() == pytest.approx(2.0, rel=0.03)
+    assert sunday.mean() == pytest.approx(1.0, rel=0.05)  # the weekend at half a weekday
+    assert int(np.argmax(monday)) in (15, 16, 17) and int(np.argmin(monday)) in (3, 4, 5)
+    assert monday.max() > 5 * monday.min()

@@ -56,3 +56,18 @@ def test_simulate_bad_trace_is_one_line_and_exit_2() -> None:
     assert "unknown synthetic kind" in result.stderr and result.stderr.count("\n") == 1
     missing = kvscale("simulate", "-f", "examples/llama-3.1-8b-l4.yaml", "--trace", "/nonexistent.csv")
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_simulate_draws_startups_from_a_range_and_pins_a_forecaster() -> None:
+    args = ("simulate", "-f", "examples/llama-3.1-8b-l4.yaml", "--trace",
+            "synthetic:diurnal:rate=4:amplitude=0.9:period=1200:duration=1200", "-o", "json")
+    drawn = kvscale(*args, "--startup-s", "60-300", "--seed", "3", "--forecaster", "HoltWinters")
+    assert drawn.returncode == 0, drawn.stderr
+    forecast = json.loads(drawn.stdout)["policy_detail"]["forecast"]
+    assert forecast["forecaster"] == "holt-winters" and forecast["backtest_error_pct"]["holt-winters"] is not None
+    again = kvscale(*args, "--startup-s", "60-300", "--seed", "3", "--forecaster", "HoltWinters")
+    assert json.loads(again.stdout)["gpu_hours"] == json.loads(drawn.stdout)["gpu_hours"]  # seeded
+    bad = kvscale(*args, "--startup-s", "300-60")
+    assert bad.returncode == 2 and "0 <= MIN <= MAX" in bad.stderr
+    unknown = kvscale(*args, "--forecaster", "Oracle")
+    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr

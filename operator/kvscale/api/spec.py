@@ -46,6 +46,16 @@ class ScalingMode(StrEnum):
     OFF = "Off"
 
 
+class ForecastMode(StrEnum):
+    """Which arrival-rate forecast the scaler sizes for: Auto picks, per deployment, the one with the
+    lowest rolling backtest loss on its own history; the others pin one."""
+
+    AUTO = "Auto"
+    LAST_VALUE = "LastValue"
+    HOLT_WINTERS = "HoltWinters"
+    BURST_ENVELOPE = "BurstEnvelope"
+
+
 class Engine(StrEnum):
     """Serving engine that runs the model: vLLM or SGLang."""
 
@@ -267,6 +277,12 @@ class ScalingSection(ApiModel):
     headroom: Annotated[
         float, Field(ge=0, le=1, description="Spare capacity kept above demand, as a fraction (0.2 = 20%).")
     ] = 0.1
+    forecaster: Annotated[
+        ForecastMode,
+        Field(description="Arrival-rate forecast sized for one measured replica start-up ahead: Auto (the "
+              "lowest rolling backtest loss on this deployment's history), LastValue (purely reactive), "
+              "HoltWinters (level, damped trend, daily season) or BurstEnvelope (the recent peak)."),
+    ] = ForecastMode.AUTO
 
     @field_validator("min_replicas", mode="before")
     @classmethod

@@ -236,6 +236,53 @@ class CalibrationStatus(StatusModel):
     ] = None
 
 
+class PodStartupStatus(StatusModel):
+    """One serving pod's start-up: creation to its first Ready."""
+
+    pod: Annotated[str, Field(min_length=1, description="Pod name.")]
+    seconds: Annotated[float, Field(ge=0, description="Seconds from the pod's creation to its first Ready.")]
+
+
+class StartupStatus(StatusModel):
+    """Replica start-up measured on this deployment's own pods: the horizon scale-ups look ahead."""
+
+    p90_seconds: Annotated[
+        float, Field(ge=0, description="90th percentile of the recent start-ups, s: how far ahead the "
+                                       "autoscaler forecasts (plus one decision interval).")
+    ]
+    recent: Annotated[
+        list[PodStartupStatus],
+        Field(description="The most recent start-ups (at most 20), oldest first; kept here so that a restarted "
+                          "operator keeps them."),
+    ]
+
+
+class ForecasterErrorStatus(StatusModel):
+    """One forecaster's rolling backtest on this deployment's arrivals."""
+
+    forecaster: Annotated[str, Field(description="last-value, holt-winters or burst-envelope.")]
+    error_pct: Annotated[
+        float | None, Field(ge=0, description="Weighted absolute percentage error at the horizon, percent; "
+                                              "empty before any of its forecasts was scored.")
+    ] = None
+
+
+class ForecastStatus(StatusModel):
+    """The arrival-rate forecast the replicas were sized for, and how each forecaster has fared."""
+
+    forecaster: Annotated[str, Field(description="The forecaster in use: chosen by backtest (Auto) or pinned.")]
+    horizon_seconds: Annotated[float, Field(ge=0, description="How far ahead: start-up p90 plus one decision.")]
+    requests_per_second: Annotated[float, Field(ge=0, description="Forecast arrivals/s at the horizon.")]
+    backtest_error_pct: Annotated[
+        float | None, Field(ge=0, description="The forecaster in use: its rolling backtest error, percent.")
+    ] = None
+    scored_minutes: Annotated[int, Field(ge=0, description="Minutes of history its backtest has scored.")] = 0
+    backtest: Annotated[
+        list[ForecasterErrorStatus],
+        Field(default_factory=list, description="Every forecaster's rolling backtest error."),
+    ]
+
+
 class ScaleDecisionStatus(StatusModel):
     """The autoscaler's most recent change of the replica count (or recommendation, in Recommend mode)."""
 
@@ -291,6 +338,12 @@ class LLMDeploymentStatus(StatusModel):
     ] = None
     last_scale_decision: Annotated[
         ScaleDecisionStatus | None, Field(description="The autoscaler's latest decision.")
+    ] = None
+    startup: Annotated[
+        StartupStatus | None, Field(description="Replica start-up times measured on this deployment's pods.")
+    ] = None
+    forecast: Annotated[
+        ForecastStatus | None, Field(description="The arrival-rate forecast the autoscaler sized for.")
     ] = None
     conditions: Annotated[
         list[Condition],

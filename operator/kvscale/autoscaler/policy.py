@@ -3,10 +3,11 @@
     decide(observation, context, history, now_s) -> ScaleDecision
 
 Demand (requests/s × tokens) is set against each replica's calibrated goodput at the SLOs, with
-headroom. Demand is the larger of the trend one replica start-up ahead (its rise beyond Poisson
-noise only) and the latest burst: the arrivals plus the busiest 30 s above the mean beyond Poisson
-noise. Bursts of seconds end before a new replica is Ready, so a burst's demand stands for the
-scale-down window (only where the peak was a burst: a steady demand is not held twice). Breaches of
+headroom. Demand is the larger of the arrivals forecast one measured start-up plus one decision
+ahead (kvscale.autoscaler.forecast: the forecaster its rolling backtest favours, never below now) and
+the latest burst: the arrivals plus the busiest 30 s above the mean beyond Poisson noise. Bursts
+of seconds end before a new replica is Ready, so a burst's demand stands for the scale-down window
+(only where the peak was a burst: a steady demand is not held twice). Breaches of
 the observed percentile TTFT/TPOT beyond a 10% tolerance or a growing queue add replicas. Scale-up
 is fast (its stabilization window defaults to zero) and bounded per step; scale-down waits for its
 window and then steps down gently. Missing, stale or implausible metrics never scale down. The
@@ -20,9 +21,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvscale.api.spec import LLMDeploymentSpec
+from kvscale.api.spec import ForecastMode, LLMDeploymentSpec
 from kvscale.autoscaler.calibration import Calibration, CalibrationSample
 from kvscale.autoscaler.engine_work import EngineWork
+from kvscale.autoscaler.forecast import Forecast, Forecaster, ForecastState
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
 from kvscale.planner.search import planned_shape
@@ -34,17 +36,14 @@ QUEUE_DRAIN_S = 30.0  # replicas are added so that the waiting queue drains with
 METRICS_MAX_AGE_S = 120.0
 HISTORY_LIMIT_S = 86_400.0
 # A replica added now serves only after it has started (pod, image, model load: ~2 min for vLLM), so
-# a rising demand is sized for where its trend puts it one start-up later; at most this much above now.
+# demand is sized for where the forecast puts it one start-up (and one decision) later; at most this
+# much above now. The start-up is the deployment's measured one; this until one is measured.
 REPLICA_STARTUP_S = 120.0
-MAX_FORECAST_GROWTH = 1.5
+MAX_FORECAST_GROWTH = 2.0
 IN_FLIGHT_WINDOW_S = 60.0
 # A burst's peak beyond this many standard deviations of Poisson noise around the mean is clustering
 # the goodput model (Poisson arrivals) does not allow for.
 POISSON_PEAK_SIGMAS = 2.0
-# A rise between two window rates counts as a trend only beyond this many standard deviations of
-# their Poisson noise. One, not the bursts' two: a real rise missed costs violations for a start-up
-# (2 sigma: conv 98.93% attainment against 99.08% at 1 sigma, for 0.4 fewer GPU-hours).
-TREND_NOISE_SIGMAS = 1.0
 # Demand is kept this long for the trend and for burst peaks (a longer scale-down window keeps them longer).
 DEMAND_MEMORY_S = 2 * REPLICA_STARTUP_S
 # HPA's tolerance: an observed percentile within 10% of its SLO over one window is mostly a burst's
@@ -65,6 +64,9 @@ class ReplicaContext:
     ready_replicas: int
     free_replica_slots: int | None  # how many more replicas the free GPUs of that type hold; None: unknown
     calibration: Calibration = field(default_factory=Calibration)
+    startup_s: float = REPLICA_STARTUP_S  # a new replica's measured time to Ready (a high percentile)
+    decision_interval_s: float = 30.0  # how often the policy runs: a scale-up waits for the next one
+    forecaster: Forecaster | None = None  # pinned by the spec; None: the one the backtest chooses
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class ScalingHistory:
     # (time_s, arrivals/s, requests in flight, arrivals/s of a burst: 0 when the peak was Poisson noise)
     # seen, for the trend and the bursts
     demands: tuple[tuple[float, float, float, float], ...] = ()
+    forecasts: ForecastState = field(default_factory=ForecastState)  # arrivals, bucketed, and the backtest
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
@@ -96,18 +99,6 @@ class ScalingHistory:
             return finished_rate
         then_s, _, then_in_flight, _ = recent[0]
         return finished_rate + max(0.0, (in_flight - then_in_flight) / (now_s - then_s))
-
-    def forecast(self, now_s: float, arrivals: float, window_s: float) -> float:
-        """Arrivals one replica start-up from now on the trend since one start-up ago; never below now.
-        Only the rise beyond the Poisson noise of the two window rates is a trend: extrapolating the
-        noise would add a replica for every window that happens to count a few more arrivals."""
-        past = [(t, a) for t, a, _, _ in self.demands if REPLICA_STARTUP_S / 2 <= now_s - t <= 2 * REPLICA_STARTUP_S]
-        if not past:
-            return arrivals
-        then_s, then = min(past, key=lambda p: abs(now_s - p[0] - REPLICA_STARTUP_S))
-        noise = TREND_NOISE_SIGMAS * math.sqrt((max(arrivals, 0.0) + max(then, 0.0)) / max(window_s, 1.0))
-        slope = max(0.0, arrivals - then - noise) / (now_s - then_s)
-        return min(max(arrivals, arrivals + slope * REPLICA_STARTUP_S), arrivals * MAX_FORECAST_GROWTH)
 
     def recent_burst(self, now_s: float, lookback_s: float) -> float:
         """The arrivals/s of the largest burst of the last `lookback_s` where bursts recur (two or more
@@ -137,6 +128,16 @@ class ScaleDecision:
     capacity_limited: bool = False
     goodput_requests_per_s: float | None = None  # per replica, calibrated
     history: ScalingHistory = field(default_factory=ScalingHistory)
+    forecast: Forecast | None = None  # the arrivals forecast the demand was sized for
+
+
+_PINNED = {ForecastMode.LAST_VALUE: Forecaster.LAST_VALUE, ForecastMode.HOLT_WINTERS: Forecaster.HOLT_WINTERS,
+           ForecastMode.BURST_ENVELOPE: Forecaster.BURST_ENVELOPE}
+
+
+def forecaster_of(spec: LLMDeploymentSpec) -> Forecaster | None:
+    """The forecaster the spec pins, or None where the backtest chooses (Auto)."""
+    return _PINNED.get(spec.scaling.forecaster)
 
 
 def replica_slots(context: ReplicaContext, shape: RequestShape) -> int:
@@ -253,8 +254,17 @@ def _hold(context: ReplicaContext, history: ScalingHistory, reason: str, problem
                          binding="metrics", metrics_problem=problem, history=history)
 
 
+def _expected_arrivals(arrivals: float, forecast: Forecast, forecasts: ForecastState) -> float:
+    """Arrivals/s to size for: what arrives now plus the rise the forecast expects one horizon ahead;
+    never below now (scale-down is the stabilization window's business) and at most
+    MAX_FORECAST_GROWTH times the recent load."""
+    ceiling = MAX_FORECAST_GROWTH * max(arrivals, forecasts.recent_peak)
+    return max(arrivals, min(arrivals + forecast.rise_per_s, ceiling))
+
+
 def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
-               arrivals: float, burst_excess: float, shape: RequestShape) -> tuple[int, str, list[str]]:
+               arrivals: float, burst_excess: float, shape: RequestShape,
+               forecast: Forecast) -> tuple[int, str, list[str]]:
     """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
 
     Corrections for breaches and queues scale from Ready replicas only: replicas still loading a model
@@ -268,7 +278,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     waiting = observation.waiting_requests or 0.0
     # Arrivals, plus what is piling up in the queue, which should drain within QUEUE_DRAIN_S.
     arrival = arrivals + waiting / QUEUE_DRAIN_S
-    trended = history.forecast(observation.sampled_at_s, arrival, observation.window_s)
+    trended = _expected_arrivals(arrivals, forecast, history.forecasts) + waiting / QUEUE_DRAIN_S
     window_s = spec.scaling.scale_down_stabilization_seconds
     burst = max(arrival + burst_excess, history.recent_burst(observation.sampled_at_s, window_s))
     expected = max(trended, burst)
@@ -278,7 +288,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     if burst > max(trended, arrival) + 1e-9:
         trend = f" (bursts: {burst:.2f} req/s in the last {window_s} s)"
     elif trended > arrival + 1e-9:
-        trend = f" (rising: {trended:.2f} req/s in {REPLICA_STARTUP_S:.0f} s)"
+        trend = f" ({forecast.forecaster.value} forecast: {trended:.2f} req/s in {forecast.horizon_s:.0f} s)"
     reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over calibrated "
                f"goodput {goodput:.2f} req/s per replica{_shape_text(shape, spec)} -> {wanted}"]
     breaches = []
@@ -329,7 +339,12 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     goodput = replica_goodput(context, shape)
     arrivals = _arrivals(observation, history)
     excess = _burst_excess(observation, arrivals)
-    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess, shape)
+    # The forecasts see every decision's arrivals, and are scored at the horizon a scale-up needs now.
+    forecasts = history.forecasts.with_horizon(context.startup_s + context.decision_interval_s).observe(
+        observation.sampled_at_s, arrivals)
+    history = replace(history, forecasts=forecasts)
+    forecast = forecasts.forecast(context.forecaster)
+    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess, shape, forecast)
     demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     # Remembered for two windows: bursts are held where two or more fall within them.
     history = history.with_demand(observation.sampled_at_s, demand, _in_flight(observation),
@@ -373,4 +388,4 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     reason = f"{verb} {current} -> {desired}: " + "; ".join(reasons)
     return ScaleDecision(desired_replicas=desired, recommended_replicas=recommended, reason=reason, action=action,
                          binding=binding, capacity_limited=capacity_limited, goodput_requests_per_s=goodput,
-                         history=history)
+                         history=history, forecast=forecast)

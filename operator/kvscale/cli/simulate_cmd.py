@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvscale.api.spec import ForecastMode
 from kvscale.errors import InvalidSpecError, KvscaleError
 
 if TYPE_CHECKING:
@@ -30,13 +32,36 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speedup", type=float, default=1.0, help="replay arrivals N times faster")
     parser.add_argument("--policy", choices=POLICY_NAMES, default="kvscale")
     parser.add_argument("--duration-s", type=float, help="simulate only the first S seconds of the (sped-up) trace")
-    parser.add_argument("--startup-s", type=float, default=120.0, help="seconds from scale-up to a Ready replica")
+    parser.add_argument("--startup-s", type=parse_startup_s, default=(120.0, 120.0), metavar="S|MIN-MAX",
+                        help="seconds from scale-up to a Ready replica, or a range each new replica's start-up is "
+                             "drawn from uniformly (e.g. 60-300; the policy measures it, it is not told)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the start-up draws")
+    parser.add_argument("--forecaster", choices=[m.value for m in ForecastMode],
+                        help="override the resource's spec.scaling.forecaster (kvscale policy)")
     parser.add_argument("--cluster-gpus", type=int, help="GPUs of the planned type in the cluster (default: unlimited)")
     parser.add_argument("--initial-replicas", type=int, help="replicas at the start (default: the plan's)")
     parser.add_argument("--no-calibration", action="store_true", help="kvscale policy without online calibration")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     parser.add_argument("--timeline", action="store_true", help="with -o json: include the per-scrape timeline")
     parser.add_argument("--plot", metavar="PNG", help="draw load, replicas and latency over time")
+
+
+def parse_startup_s(text: str) -> tuple[float, float]:
+    """`120` or `60-300` (seconds) as (low, high)."""
+    try:
+        parts = [float(p) for p in text.split("-", 1)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--startup-s {text!r}: seconds, or MIN-MAX such as 60-300") from exc
+    low, high = parts[0], parts[-1]
+    if low < 0 or high < low:
+        raise argparse.ArgumentTypeError(f"--startup-s {text!r}: 0 <= MIN <= MAX")
+    return low, high
+
+
+def with_forecaster(deployment: SimulatedDeployment, mode: ForecastMode) -> SimulatedDeployment:
+    """The same deployment with its scaler's forecaster set to `mode`."""
+    scaling = deployment.spec.scaling.model_copy(update={"forecaster": mode})
+    return replace(deployment, spec=deployment.spec.model_copy(update={"scaling": scaling}))
 
 
 def read_packaged_trace(name: str) -> bytes:
@@ -166,7 +191,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     if args.cluster_gpus is not None and args.cluster_gpus < deployment.tensor_parallel:
         raise InvalidSpecError(f"--cluster-gpus {args.cluster_gpus} holds no replica of TP{deployment.tensor_parallel}")
-    config = FleetConfig(startup_s=args.startup_s, cluster_gpus=args.cluster_gpus)
+    if args.forecaster:
+        deployment = with_forecaster(deployment, ForecastMode(args.forecaster))
+    low, high = args.startup_s
+    config = FleetConfig(startup_s=low, startup_range_s=None if low == high else (low, high), seed=args.seed,
+                         cluster_gpus=args.cluster_gpus)
     result = run_simulation(deployment, trace, args.policy, speedup=args.speedup, duration_s=args.duration_s,
                             config=config, initial_replicas=args.initial_replicas,
                             calibrated=not args.no_calibration)

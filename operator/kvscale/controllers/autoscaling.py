@@ -16,9 +16,13 @@ from kvscale.api.spec import LLMDeploymentSpec, ScalingMode
 from kvscale.api.status import (
     CalibrationStatus,
     ConditionStatus,
+    ForecasterErrorStatus,
+    ForecastStatus,
     LLMDeploymentStatus,
     ObservedStatus,
+    PodStartupStatus,
     ScaleDecisionStatus,
+    StartupStatus,
 )
 from kvscale.autoscaler import (
     Calibration,
@@ -29,8 +33,10 @@ from kvscale.autoscaler import (
     calibrate,
     decide,
 )
-from kvscale.autoscaler.policy import METRICS_MAX_AGE_S, build_calibration_sample
+from kvscale.autoscaler.forecast import Forecast, ForecastState
+from kvscale.autoscaler.policy import METRICS_MAX_AGE_S, REPLICA_STARTUP_S, build_calibration_sample, forecaster_of
 from kvscale.autoscaler.signals import BelowResolution, check_observation
+from kvscale.autoscaler.startup import STARTUP_SAMPLES_KEPT, startup_percentile_s
 from kvscale.perfmodel.replica import ServingSetup
 from kvscale.planner import Candidate
 from kvscale.units import (
@@ -51,6 +57,7 @@ class ScalingInput:
     history: ScalingHistory
     now_s: float
     bound_pods: Sequence[Mapping[str, Any]] | None = None  # None: unknown, so free GPUs are unknown
+    decision_interval_s: float = 30.0  # the resync interval: a scale-up decided now waits at most this
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,28 @@ def calibration_status(calibration: Calibration) -> CalibrationStatus:
         achieved_tflops=_rounded(_converted(calibration.achieved_flops_per_s, flops_per_s_to_tflops), 3))
 
 
+def startup_status(previous: StartupStatus | None, measured: Sequence[tuple[str, float]]) -> StartupStatus | None:
+    """The recent start-ups: those status already holds (a pod's first measurement stands; a restarted
+    operator keeps them), then the pods seen Ready for the first time, the last STARTUP_SAMPLES_KEPT."""
+    recent = list(previous.recent) if previous is not None else []
+    known = {p.pod for p in recent}
+    recent += [PodStartupStatus(pod=name, seconds=round(seconds, 1)) for name, seconds in measured if name not in known]
+    recent = recent[-STARTUP_SAMPLES_KEPT:]
+    if not recent:
+        return None
+    p90 = startup_percentile_s([p.seconds for p in recent], REPLICA_STARTUP_S)
+    return StartupStatus(p90_seconds=round(p90, 1), recent=recent)
+
+
+def forecast_status(forecast: Forecast, forecasts: ForecastState) -> ForecastStatus:
+    return ForecastStatus(
+        forecaster=forecast.forecaster.value, horizon_seconds=round(forecast.horizon_s, 1),
+        requests_per_second=round(max(forecast.arrivals_per_s, 0.0), 3),
+        backtest_error_pct=_rounded(forecast.backtest_error_pct, 1), scored_minutes=forecast.scored_buckets,
+        backtest=[ForecasterErrorStatus(forecaster=f.value, error_pct=_rounded(e, 1))
+                  for f, e in forecasts.backtest().items()])
+
+
 def _observed_status(observation: Observation) -> ObservedStatus:
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1000.0, 2)
@@ -149,16 +178,21 @@ def _slo_met(spec: LLMDeploymentSpec, observation: Observation) -> bool | None:
 
 def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, status: LLMDeploymentStatus,
               previous: LLMDeploymentStatus | None, current_replicas: int, ready_replicas: int,
-              free_replica_slots: int | None, scaling: ScalingInput, now: datetime) -> ScalingResult:
-    """Calibrate on the observation, ask the policy, and fold the answer into the status."""
+              free_replica_slots: int | None, scaling: ScalingInput, now: datetime,
+              startups: Sequence[tuple[str, float]] = ()) -> ScalingResult:
+    """Calibrate on the observation, ask the policy, and fold the answer into the status. `startups`:
+    (pod, seconds from creation to Ready) of the deployment's Ready pods."""
     generation = status.observed_generation
     observation = scaling.observation
     problem = scaling.metrics_problem or check_observation(observation, scaling.now_s, METRICS_MAX_AGE_S)
     calibration = previous_calibration(previous)
+    startup = startup_status(previous.startup if previous is not None else None, startups)
     context = ReplicaContext(spec=spec, setup=setup, max_num_seqs=chosen.max_num_seqs,
                              kv_cache_tokens=chosen.kv_cache_tokens, current_replicas=current_replicas,
                              ready_replicas=ready_replicas, free_replica_slots=free_replica_slots,
-                             calibration=calibration)
+                             calibration=calibration,
+                             startup_s=startup.p90_seconds if startup is not None else REPLICA_STARTUP_S,
+                             decision_interval_s=scaling.decision_interval_s, forecaster=forecaster_of(spec))
     if problem is None and observation is not None:
         sample = build_calibration_sample(context, observation, prefill_mean_s=scaling.prefill_s)
         context = replace(context, calibration=calibrate(calibration, setup, sample))
@@ -190,6 +224,9 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
             reason=("" if auto else "recommended (mode Recommend, not applied): ") + decision.reason)
     updates["desired_replicas"] = target
     updates["conditions"] = conditions
+    updates["startup"] = startup
+    if decision.forecast is not None:
+        updates["forecast"] = forecast_status(decision.forecast, decision.history.forecasts)
     new_status = status.model_copy(update=updates)
     if new_status.observed is not None:
         new_status = new_status.model_copy(update={

@@ -34,13 +34,21 @@ from kvscale.controllers.autoscaling import autoscale
 from kvscale.controllers.events import EventReason
 from kvscale.controllers.world import Intent, ObjectWrite, World, WriteFailure, WriteKind
 from kvscale.errors import CatalogError, InvalidSpecError
-from kvscale.kube.builders import SPEC_HASH_ANNOTATION, Owner, build_deployment, build_service, selector_string
+from kvscale.kube.builders import (
+    SPEC_HASH_ANNOTATION,
+    Owner,
+    build_deployment,
+    build_service,
+    selector_labels,
+    selector_string,
+)
 from kvscale.kube.cluster import EventRecord
 from kvscale.kube.state import (
     count_free_replica_slots,
     count_gpu_capacity,
     is_owned_by,
     is_subset,
+    pod_startups,
     replica_counts,
     template_drifted,
 )
@@ -178,8 +186,8 @@ class _Pass:
         # What outlives any state: the live replica counts, what metrics taught, and the last decision.
         self.base = LLMDeploymentStatus(
             observed_generation=self.generation, replicas=current, ready_replicas=ready,
-            selector=selector_string(self.owner), calibration=kept.calibration,
-            last_scale_decision=kept.last_scale_decision, conditions=list(kept.conditions))
+            selector=selector_string(self.owner), calibration=kept.calibration, startup=kept.startup,
+            forecast=kept.forecast, last_scale_decision=kept.last_scale_decision, conditions=list(kept.conditions))
 
     def condition(self, conditions: Sequence[Condition], type_: str, status: ConditionStatus, reason: str,
                   message: str) -> list[Condition]:
@@ -257,8 +265,9 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     if world.scaling is not None and metrics_kept and settled:
         pods = world.scaling.bound_pods
         free = None if pods is None else count_free_replica_slots(world.nodes, pods, gpu, chosen.tensor_parallel)
+        startups = [] if pods is None else pod_startups(pods, owner.namespace, selector_labels(owner))
         result = autoscale(spec, chosen_setup(inputs, chosen), chosen, status, previous, replicas,
-                           status.ready_replicas, free, world.scaling, run.now)
+                           status.ready_replicas, free, world.scaling, run.now, startups)
         status, replicas, decision = result.status, result.replicas, result.decision
         scale_reason = decision.reason
         events += _flip_event(previous, status, ConditionType.METRICS_UNAVAILABLE,

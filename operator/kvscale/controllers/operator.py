@@ -25,6 +25,7 @@ import kopf
 
 from kvscale.api.spec import API_GROUP, API_VERSION, KIND
 from kvscale.autoscaler import Observation, ScalingHistory
+from kvscale.autoscaler.forecast import BUCKET_S, forecasts_from
 from kvscale.controllers.autoscaling import ScalingInput
 from kvscale.controllers.backoff import Backoff
 from kvscale.controllers.peering import DEFAULT_PEERING_LIFETIME_S, PeerIdentity, is_active
@@ -41,6 +42,9 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "kvscale"}
 # The liveness probe fails once the resync loop has completed no pass for this many intervals
 # (and at least LIVENESS_MIN_STALL_S): a wedged loop means nothing is autoscaled any more.
 LIVENESS_INTERVALS = 3
+# After a restart, each deployment's forecasts are seeded with this much of its arrivals history: two days
+# and a bit, so that the daily season (one day to learn, then scored) is there again at once.
+FORECAST_HISTORY_S = 2.5 * 86_400.0
 LIVENESS_MIN_STALL_S = 60.0
 # Handlers are I/O-bound (API calls); kopf's default pool (CPUs + 4) starves a burst of resources.
 HANDLER_WORKERS = 8
@@ -225,6 +229,22 @@ class OperatorState:
                                f"(limit {self.config.stall_limit_s:.0f} s): {report}")
         return report
 
+    def _seed_histories(self, keys: list[DeploymentKey]) -> None:
+        """Deployments this process has no history for (a restart, a new resource) start their forecasts
+        from what Prometheus kept, not from nothing: a restart in the middle of a ramp must not forget it."""
+        assert self.metrics is not None
+        new = [key for key in keys if (key.namespace, key.name) not in self.histories]
+        if not new:
+            return
+        try:
+            history = self.metrics.arrivals_history(new, FORECAST_HISTORY_S, BUCKET_S)
+        except MetricsUnavailableError as exc:
+            log.warning("reading the arrivals history failed (%s); forecasts start from now", exc)
+            return  # tried again next pass
+        for key in new:
+            self.histories[(key.namespace, key.name)] = ScalingHistory(
+                forecasts=forecasts_from(history.get(key, [])))
+
     def _scaling_inputs(self, bodies: list[dict[str, Any]]) -> dict[tuple[str, str], ScalingInput]:
         assert self.metrics is not None and self.cluster is not None
         now_s = time.time()
@@ -253,11 +273,12 @@ class OperatorState:
         except Exception as exc:  # e.g. namespace-scoped RBAC cannot list pods cluster-wide
             log.warning("listing pods failed (%s); free GPU capacity unknown this cycle", exc)
             pods = None
+        self._seed_histories([key for keys in by_quantile.values() for key in keys])
         return {
             (key.namespace, key.name): ScalingInput(
                 observation=observations.get(key), metrics_problem=problem, prefill_s=prefill.get(key),
                 history=self.histories.get((key.namespace, key.name), ScalingHistory()), now_s=now_s,
-                bound_pods=pods)
+                bound_pods=pods, decision_interval_s=self.config.scan_interval_s)
             for keys in by_quantile.values() for key in keys
         }
 

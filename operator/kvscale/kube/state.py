@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -132,3 +133,31 @@ def count_free_replica_slots(nodes: Iterable[Mapping[str, Any]], pods: Iterable[
         free = int(Decimal(parse_quantity(allocatable))) - used.get(node["metadata"]["name"], 0)
         slots += max(free, 0) // max(tensor_parallel, 1)
     return slots
+
+
+def _time_s(value: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def pod_startups(pods: Iterable[Mapping[str, Any]], namespace: str, selector: Mapping[str, str],
+                 ) -> list[tuple[str, float]]:
+    """(pod name, seconds from creation to Ready) of the selected pods that are Ready, in the order they
+    became Ready. The Ready condition's lastTransitionTime is its latest flip: measured the first time a
+    pod is seen Ready (the caller keeps the first figure), it is the start-up."""
+    found: list[tuple[float, str, float]] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if meta.get("namespace") != namespace or any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        ready = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+        if ready is None or ready.get("status") != "True":
+            continue
+        created, became = _time_s(meta.get("creationTimestamp")), _time_s(ready.get("lastTransitionTime"))
+        if created is None or became is None or became < created:
+            continue
+        found.append((became, str(meta.get("name")), became - created))
+    return [(name, seconds) for _, name, seconds in sorted(found)]

@@ -144,6 +144,14 @@ def build_bucket_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]
     }
 
 
+def build_arrivals_query(labels: MetricsLabels, window_s: int) -> str:
+    """Served requests/s per deployment over `window_s`: the history the forecasters are seeded with
+    after a restart (a range query at one point per forecast bucket)."""
+    w = f"{max(int(window_s), 1)}s"
+    return _first_of(_sum_rate(f"vllm:request_success_total{{{SERVED}}}", labels, w),
+                     _sum_rate("sglang:num_requests_total", labels, w))
+
+
 def build_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]:
     """The PromQL of each scalar Observation field, keyed by field name."""
     w = f"{max(int(window_s), 1)}s"

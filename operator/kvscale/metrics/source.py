@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_api_client import PrometheusConnect
@@ -14,7 +15,13 @@ from requests.exceptions import RequestException
 from kvscale.autoscaler.histogram import bucketed_percentile
 from kvscale.autoscaler.signals import BelowResolution, Observation
 from kvscale.errors import KvscaleError
-from kvscale.metrics.queries import DeploymentKey, MetricsLabels, build_bucket_queries, build_queries
+from kvscale.metrics.queries import (
+    DeploymentKey,
+    MetricsLabels,
+    build_arrivals_query,
+    build_bucket_queries,
+    build_queries,
+)
 
 DEFAULT_WINDOW_S = 60
 QUERY_TIMEOUT_S = 10
@@ -68,6 +75,46 @@ class PrometheusSource:
             raise MetricsUnavailableError(f"Prometheus at {self.url} sent a malformed reply to {promql!r}: "
                                           f"expected a vector of samples, got {str(rows)[:200]}")
         return rows
+
+    def arrivals_history(self, keys: Iterable[DeploymentKey], lookback_s: float, step_s: float,
+                         end_s: float | None = None, rate_window_s: float | None = None,
+                         ) -> dict[DeploymentKey, list[tuple[float, float]]]:
+        """(epoch s, served requests/s over `rate_window_s`, default `step_s`) per deployment, one point
+        per `step_s` over the last `lookback_s` (a range query): what a restarted operator seeds its
+        forecasts with."""
+        wanted = set(keys)
+        end_s = self._evaluation_time_s() if end_s is None else end_s
+        if end_s is None or not wanted:
+            return {}
+        promql = build_arrivals_query(self.labels, int(rate_window_s or step_s))
+        try:
+            rows = self._client.custom_query_range(
+                query=promql, start_time=datetime.fromtimestamp(end_s - lookback_s, UTC),
+                end_time=datetime.fromtimestamp(end_s, UTC), step=f"{step_s:g}",
+                params={"timeout": f"{QUERY_TIMEOUT_S}s"})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MetricsUnavailableError(f"Prometheus at {self.url} sent a malformed reply to {promql!r}: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+        except (PrometheusApiClientException, RequestException, OSError) as exc:
+            raise MetricsUnavailableError(f"Prometheus at {self.url} failed: {exc}") from exc
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("values"), list)
+                                                 for r in rows):
+            raise MetricsUnavailableError(f"Prometheus at {self.url} sent a malformed reply to {promql!r}: "
+                                          f"expected a matrix, got {str(rows)[:200]}")
+        history: dict[DeploymentKey, list[tuple[float, float]]] = {}
+        for row in rows:
+            metric = row.get("metric") or {}
+            key = DeploymentKey(str(metric.get(self.labels.namespace)), str(metric.get(self.labels.deployment)))
+            if key not in wanted:
+                continue
+            points = []
+            for point in row["values"]:
+                t, value = (_number(point[0]), _number(point[1])) if isinstance(point, list) and len(point) == 2 \
+                    else (None, None)
+                if t is not None and value is not None and value >= 0:
+                    points.append((t, value))
+            history[key] = sorted(points)
+        return history
 
     def _evaluation_time_s(self) -> float | None:
         """Prometheus's own clock: every query of one fetch is evaluated at this instant.

@@ -12,6 +12,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvscale.perfmodel import build_replica_model
 from kvscale.sim.deployment import SimulatedDeployment
 from kvscale.sim.observe import FleetScraper
@@ -26,6 +28,10 @@ class FleetConfig:
     """How the simulated cluster and its scaler behave."""
 
     startup_s: float = 120.0  # from scale-up to Ready: pod start, image, model load, warm-up
+    # Where given, each new replica's start-up is drawn uniformly from this range instead (seeded);
+    # the policy is not told: it measures the start-ups as the operator does.
+    startup_range_s: tuple[float, float] | None = None
+    seed: int = 0
     scrape_interval_s: float = 15.0
     window_s: float = 60.0  # rate() and histogram_quantile() window
     decision_interval_s: float = 15.0
@@ -47,6 +53,12 @@ class _Fleet:
         self.pending: deque[int] = deque()  # arrivals while no replica is ready (held at the gateway)
         self.created = 0
         self.request_limit = min(deployment.max_model_len, deployment.server_kv_cache_tokens)
+        self.rng = np.random.default_rng(config.seed)
+        self.startups_s: list[float] = []  # measured (scale-up to Ready) of the replicas that came up
+
+    def _startup_s(self) -> float:
+        span = self.config.startup_range_s
+        return self.config.startup_s if span is None else float(self.rng.uniform(span[0], span[1]))
 
     @property
     def replica_slots(self) -> int | None:
@@ -72,6 +84,7 @@ class _Fleet:
         if self.starting and self.starting[0].ready_s <= now_s:
             became = [r for r in self.starting if r.ready_s <= now_s]
             self.starting = [r for r in self.starting if r.ready_s > now_s]
+            self.startups_s.extend(r.ready_s - r.started_s for r in became)
             self.ready.extend(became)
             while self.pending and self.ready:
                 self.route(self.pending.popleft())
@@ -108,8 +121,7 @@ class _Fleet:
             slots = self.replica_slots
             if slots is not None:
                 add = max(0, min(add, slots - self.alive))  # the rest would stay Pending
-            ready_s = now_s + self.config.startup_s
-            self.starting.extend(self._new_replica(now_s, ready_s) for _ in range(add))
+            self.starting.extend(self._new_replica(now_s, now_s + self._startup_s()) for _ in range(add))
             return
         remove = current - desired
         while remove and self.starting:
@@ -132,7 +144,8 @@ class _Fleet:
         slots = self.replica_slots
         return FleetState(now_s=now_s, current_replicas=len(self.starting) + len(self.ready),
                           ready_replicas=len(self.ready), starting_replicas=len(self.starting),
-                          free_replica_slots=None if slots is None else max(0, slots - self.alive))
+                          free_replica_slots=None if slots is None else max(0, slots - self.alive),
+                          startups_s=tuple(self.startups_s), decision_interval_s=self.config.decision_interval_s)
 
     def all_replicas(self) -> list[Replica]:
         return [*self.stopped, *self.draining, *self.ready, *self.starting]

@@ -24,7 +24,8 @@ from kvscale.autoscaler import (
     calibrate,
     decide,
 )
-from kvscale.autoscaler.policy import build_calibration_sample
+from kvscale.autoscaler.policy import REPLICA_STARTUP_S, build_calibration_sample, forecaster_of
+from kvscale.autoscaler.startup import startup_percentile_s
 from kvscale.sim.deployment import SimulatedDeployment
 from kvscale.sim.observe import WindowStats
 
@@ -45,6 +46,8 @@ class FleetState:
     ready_replicas: int
     starting_replicas: int
     free_replica_slots: int | None
+    startups_s: tuple[float, ...] = ()  # scale-up to Ready of each replica that came up so far
+    decision_interval_s: float = 15.0
 
 
 class ScalingPolicy(Protocol):
@@ -92,7 +95,10 @@ class KvscalePolicy:
         context = ReplicaContext(spec=d.spec, setup=d.setup, max_num_seqs=d.max_num_seqs,
                                  kv_cache_tokens=d.chosen.kv_cache_tokens, current_replicas=fleet.current_replicas,
                                  ready_replicas=fleet.ready_replicas, free_replica_slots=fleet.free_replica_slots,
-                                 calibration=self.calibration)
+                                 calibration=self.calibration,
+                                 startup_s=startup_percentile_s(fleet.startups_s, REPLICA_STARTUP_S),
+                                 decision_interval_s=fleet.decision_interval_s,
+                                 forecaster=forecaster_of(d.spec))
         if self.calibrated and observation.pods_scraped:
             sample = build_calibration_sample(context, observation, prefill_mean_s=stats.mean_prefill_s)
             self.calibration = calibrate(self.calibration, d.setup, sample)
@@ -114,6 +120,11 @@ class KvscalePolicy:
                 "tpot_error_pct": None if c.tpot_error_pct is None else round(c.tpot_error_pct, 2),
                 "ttft_error_pct": None if c.ttft_error_pct is None else round(c.ttft_error_pct, 2),
                 "samples": c.samples,
+            },
+            "forecast": None if self.last is None or self.last.forecast is None else {
+                "forecaster": self.last.forecast.forecaster.value,
+                "backtest_error_pct": {f.value: None if e is None else round(e, 2)
+                                       for f, e in self.history.forecasts.backtest().items()},
             },
             "decisions_by_binding": dict(sorted(self.bindings.items())),
             "decisions_by_action": dict(sorted(self.actions.items())),

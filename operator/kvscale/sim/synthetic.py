@@ -3,6 +3,12 @@
     synthetic:poisson:rate=5:duration=3600
     synthetic:diurnal:rate=5:amplitude=0.8:period=3600:duration=3600
     synthetic:bursts:rate=2:burst_rate=20:every=600:length=60:duration=3600
+    synthetic:weekly:rate=2:duration=259200:start_day=6:weekend=0.5
+
+`weekly` is the working week of a business application: each day quiet at night (NIGHT_SHARE of the
+peak at 04:00), rising through the morning to a peak at 16:00; `rate` is a weekday's mean, weekend days
+run at `weekend` times the weekday, and `start_day` is the weekday the trace starts on at midnight
+(0 Monday ... 6 Sunday).
 
 Common keys: input=512 and output=256 (mean tokens), lengths=fixed|exponential, seed=0.
 Shared prefixes: prefixes=N (groups; 0, the default, for none) and prefix=T tokens: each request's
@@ -23,10 +29,13 @@ from kvscale.errors import InvalidSpecError
 from kvscale.sim.trace import Trace
 
 PREFIX = "synthetic:"
-KINDS = ("poisson", "diurnal", "bursts")
+KINDS = ("poisson", "diurnal", "bursts", "weekly")
 _DEFAULTS: dict[str, float] = {"rate": 5.0, "duration": 3600.0, "input": 512.0, "output": 256.0, "seed": 0.0,
                                "amplitude": 0.8, "period": 3600.0, "burst_rate": 20.0, "every": 600.0,
-                               "length": 60.0, "prefixes": 0.0, "prefix": 1024.0}
+                               "length": 60.0, "prefixes": 0.0, "prefix": 1024.0, "start_day": 0.0,
+                               "weekend": 0.5}
+DAY_S = 86_400.0
+NIGHT_SHARE = 0.15
 _LENGTHS = ("fixed", "exponential")
 
 RateFunction = Callable[[NDArray[np.float64]], NDArray[np.float64]]
@@ -71,6 +80,17 @@ def _rate_function(kind: str, v: dict[str, float]) -> tuple[RateFunction, float]
             return rate * (1.0 - amplitude * np.cos(2.0 * math.pi * t / v["period"]))
 
         return diurnal, rate * (1.0 + amplitude)
+    if kind == "weekly":
+        grid = np.linspace(0.0, DAY_S, 1441)
+        day_mean = float(np.mean(_working_day(grid[:-1])))
+        weekend = min(max(v["weekend"], 0.0), 1.0)
+
+        def weekly(t: NDArray[np.float64]) -> NDArray[np.float64]:
+            weekday = np.mod(np.floor(t / DAY_S) + v["start_day"], 7)
+            level = np.where(weekday >= 5, weekend, 1.0)
+            return rate * level * _working_day(np.mod(t, DAY_S)) / day_mean
+
+        return weekly, rate / day_mean
     if kind == "bursts":
         def bursts(t: NDArray[np.float64]) -> NDArray[np.float64]:
             inside = np.mod(t, v["every"]) >= v["every"] - v["length"]
@@ -82,6 +102,12 @@ def _rate_function(kind: str, v: dict[str, float]) -> tuple[RateFunction, float]
         return np.full_like(t, rate)
 
     return flat, rate
+
+
+def _working_day(seconds: NDArray[np.float64]) -> NDArray[np.float64]:
+    """A working day's load shape, 1 at its 16:00 peak and NIGHT_SHARE at 04:00."""
+    rise = (1.0 - np.cos(2.0 * math.pi * (seconds / 3600.0 - 4.0) / 24.0)) / 2.0
+    return NIGHT_SHARE + (1.0 - NIGHT_SHARE) * rise ** 1.5
 
 
 def _lengths(rng: np.random.Generator, mean: float, count: int, kind: str) -> NDArray[np.int64]:

@@ -69,6 +69,7 @@ bench: venv
 	$(PY) benchmarks/model_vs_sim.py
 	$(PY) benchmarks/planner_speed.py
 	$(PY) benchmarks/autoscaling.py
+	$(PY) benchmarks/forecasters.py
 
 plan: venv
 	@for f in examples/*.yaml; do echo "=== $$f"; $(VENV)/bin/kvscale plan -f $$f || exit 1; done

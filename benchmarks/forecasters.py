@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 STARTUP_RANGE_S = (60.0, 300.0)
 STARTUP_SEED = 1
+WARM_UP_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"start-up of each new replica: uniform {STARTUP_RANGE_S[0]:g}-{STARTUP_RANGE_S[1]:g} s, seed {STARTUP_SEED}"
           " (not told to the policy)")
     config = FleetConfig(startup_s=STARTUP_RANGE_S[0], startup_range_s=STARTUP_RANGE_S, seed=STARTUP_SEED)
-    header = "| set | case | policy | SLO attainment | GPU-hours | vs static-peak | mean replicas | wall s |"
+    header = ("| set | case | policy | SLO attainment | after the first 5 min | GPU-hours | vs static-peak | "
+              "mean replicas | wall s |")
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -88,16 +90,23 @@ def main(argv: list[str] | None = None) -> int:
         for policy, mode in runs:
             deployment = base if mode is None else with_forecaster(base, mode)
             start = time.perf_counter()
-            m = run_simulation(deployment, trace, policy, speedup=case.speedup, config=config).metrics
+            result = run_simulation(deployment, trace, policy, speedup=case.speedup, config=config)
+            m = result.metrics
             wall = time.perf_counter() - start
+            # Every run starts with the plan's replicas for the spec's stated rate; where a replay runs faster
+            # than the spec says, its first start-up is a backlog no policy could have avoided in time.
+            later = trace.sped_up(case.speedup).arrival_s >= WARM_UP_S
+            after = float(result.met_slo[later].mean()) if later.any() else float("nan")
             if mode is None:
                 static_gpu_h = m["gpu_hours"]
             name = policy if mode is None else f"kvscale {mode.value}"
             ratio = "" if static_gpu_h is None or mode is None else f"{m['gpu_hours'] / static_gpu_h:.2f}x"
             rows.append(f"| {case.split} | {case.name} | {name} | {100 * m['slo_attainment']:.2f}% | "
-                        f"{m['gpu_hours']:.2f} | {ratio} | {m['mean_replicas']:.2f} | {wall:.1f} |")
+                        f"{100 * after:.2f}% | {m['gpu_hours']:.2f} | {ratio} | {m['mean_replicas']:.2f} | "
+                        f"{wall:.1f} |")
             results.append({"case": case.name, "split": case.split, "policy": name, "wall_s": round(wall, 2),
-                            "slo_attainment": m["slo_attainment"], "gpu_hours": m["gpu_hours"],
+                            "slo_attainment": m["slo_attainment"], "attainment_after_warm_up": after,
+                            "gpu_hours": m["gpu_hours"],
                             "mean_replicas": m["mean_replicas"], "max_replicas": m["max_replicas"],
                             "command": _command(case, policy, mode)})
             print(rows[-1], flush=True)

@@ -180,7 +180,6 @@ class _Steps:
     queue_s_per_token: Array  # server time per computed prompt token with full chunks
     full_step_s: Array  # a step whose spare room is all prompt tokens
     decode_slope_s: Array  # what one more decoding sequence adds to a step
-    extra_s_per_token: Array  # what a computed prompt token adds to the step decoders share with it
     computed_tokens: Array  # per prompt stratum (last axis)
     weights: Array  # each stratum's probability
     prompt_extra_s: Array  # per prompt stratum: what its chunks add to the steps decoders share with it
@@ -199,12 +198,6 @@ class _Steps:
         """(mean, second moment) of one prompt's service time in the prefill queue."""
         mean_c, second_c = self._computed_moments
         return self.queue_s_per_token * mean_c, self.queue_s_per_token ** 2 * second_c
-
-    @property
-    def prompt_extra_moments_s(self) -> tuple[Array, Array]:
-        """(mean, second moment) of the step time one prompt adds to a decoding request's life."""
-        mean_c, second_c = self._computed_moments
-        return self.extra_s_per_token * mean_c, self.extra_s_per_token ** 2 * second_c
 
 
 @lru_cache(maxsize=512)
@@ -249,7 +242,7 @@ def _steps(model: ReplicaModel, shape: RequestShape, running: Array, quantile: f
     return _Steps(running=running, mean_s=mean, decode_s=decode, chunk_s=chunk_step, fraction=fraction,
                   chunk_tokens=chunk, own_prefill_s=own, queue_s_per_token=full_step / room, full_step_s=full_step,
                   decode_slope_s=model.step_s(running + 1.0, shape.mean_context_tokens) - decode,
-                  extra_s_per_token=(chunk_step - decode) / chunk, computed_tokens=computed, weights=weights,
+                  computed_tokens=computed, weights=weights,
                   prompt_extra_s=np.maximum(1.0, computed / own_chunk) * (own_step - decode[..., None]))
 
 

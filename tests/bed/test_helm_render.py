@@ -68,7 +68,7 @@ NAMESPACED_RULES = {
     *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "update")},
     *{("", "services", v) for v in ("get", "create", "patch")},
     ("", "configmaps", "get"),
-    *{("", "pods", v) for v in ("get", "list", "watch")},
+    *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
     *{(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")},
 }
 CLUSTER_RULES = {

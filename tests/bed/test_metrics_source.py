@@ -95,6 +95,11 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     assert max(rate for _, rate in chat_points) > 0, chat_points
     assert max(rate for _, rate in chat_points) > max(rate for _, rate in history[keys[1]]), history
 
+    # Requests in flight per pod (what a scale-down spares): every replica, none busier than one at a time.
+    loads = source.in_flight_by_pod(keys)
+    assert set(loads) == set(keys[:2]) and set(loads[keys[0]]) == {"chat-0", "chat-1"}, loads
+    assert all(0 <= load <= 1 for pods in loads.values() for load in pods.values()), loads
+
     # A replica that goes away stops counting once Prometheus marks its series stale.
     prometheus.remove_target("metrics-chat-1")
     wait_until(lambda: source.fetch(keys[:1], 0.95).observations[keys[0]].pods_scraped == 1, 60,

@@ -17,8 +17,10 @@ Each simulator is registered as a Prometheus file-SD target with the labels `nam
 would do, so `sum by (namespace, llmdeployment) (...)` works as in a cluster.
 
 When a pod stops being Running or is deleted, its simulator leaves `endpoints()` at once (like an
-Endpoints removal), finishes what it is serving (at most `drain_timeout_s`, like a termination grace
-period), is stopped, and its target is removed. `close()` stops everything.
+Endpoints removal) and is stopped as a kubelet would stop its container: a pod with a preStop hook (kvscale's
+drain) first finishes what it is serving, for at most the pod's terminationGracePeriodSeconds (Kubernetes'
+default 30 s when unset); a pod without one gets SIGTERM at once, which vLLM answers by cancelling its server,
+so the requests in flight fail. Its target is removed with it. `close()` stops everything.
 
 Processes follow bedkit's conventions: log .testbed/logs/llm-d-inference-sim-PORT.log, PID file
 .testbed/pids/llm-d-inference-sim-PORT.pid (so tests/testbed/down.sh stops any a crash leaked).
@@ -59,6 +61,7 @@ LARGE_GPU_BYTES = 70 * 2**30
 # port 1 (tcpmux) is privileged and never served, so the connection is refused instead of reaching
 # some other test's server.
 ZMQ_SINK = "tcp://127.0.0.1:1"
+DEFAULT_GRACE_S = 30.0  # Kubernetes' terminationGracePeriodSeconds when a pod sets none
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,8 @@ class PodSimulator:
     sim: InferenceSim
     target: str
     started_at: float
+    grace_s: float = DEFAULT_GRACE_S  # the pod's terminationGracePeriodSeconds
+    drains: bool = False  # whether the pod has a preStop hook that waits for its requests
     draining_since: float | None = None
 
     @property
@@ -216,7 +221,6 @@ class PodSim:
     prometheus: Prometheus
     namespaces: Sequence[str]
     poll_interval_s: float = 0.5
-    drain_timeout_s: float = 30.0
     sim_binary: str = field(default_factory=lambda: binary("llm-d-inference-sim"))
     # what serves a pod: llm-d-inference-sim by default; tests/realvllm starts a real vLLM here
     spawn: Callable[[SimConfig, int], InferenceSim] | None = None
@@ -345,10 +349,10 @@ class PodSim:
                 self._sims[uid] = started
         for sim in draining:
             assert sim.draining_since is not None
-            if busy_requests(sim.sim) == 0 or now - sim.draining_since >= self.drain_timeout_s:
+            if not sim.drains or busy_requests(sim.sim) == 0 or now - sim.draining_since >= sim.grace_s:
                 with self._lock:
                     self._sims.pop(sim.uid, None)
-                self._terminate(sim)
+                self._terminate(sim, cut=True)
 
     def _start(self, pod: dict[str, Any]) -> PodSimulator:
         meta = pod["metadata"]
@@ -364,11 +368,15 @@ class PodSim:
         log.info("pod %s/%s Running on %s: simulator %s (%s TP%d, max-num-seqs %d, %d KV blocks, profile %s)",
                  namespace, name, launch.gpu_product, sim.host_port, config.gpu, launch.tensor_parallel,
                  launch.max_num_seqs, config.kv_blocks, config.profile.name)
+        grace = pod["spec"].get("terminationGracePeriodSeconds")
+        drains = bool((pod["spec"]["containers"][0].get("lifecycle") or {}).get("preStop"))
         return PodSimulator(namespace=namespace, pod=name, uid=meta["uid"], llmdeployment=labels["llmdeployment"],
-                            config=config, sim=sim, target=target, started_at=time.monotonic())
+                            config=config, sim=sim, target=target, started_at=time.monotonic(),
+                            grace_s=DEFAULT_GRACE_S if grace is None else float(grace), drains=drains)
 
-    def _terminate(self, sim: PodSimulator) -> None:
-        sim.sim.stop()
+    def _terminate(self, sim: PodSimulator, cut: bool = False) -> None:
+        """Stop a simulator; `cut`: as a kubelet's SIGTERM reaches vLLM, which cuts whatever still streams."""
+        sim.sim.stop(cut=cut)
         self.prometheus.remove_target(sim.target)
         self.history.append((time.time(), "stop", f"{sim.namespace}/{sim.pod}", sim.host_port))
         log.info("stopped simulator %s of %s/%s", sim.host_port, sim.namespace, sim.pod)

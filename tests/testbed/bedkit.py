@@ -7,6 +7,7 @@ the kubernetes client is imported when a `Kube` is used.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -208,9 +209,15 @@ class InferenceSim:
             text: str = resp.read().decode()
             return text
 
-    def stop(self) -> None:
+    def stop(self, cut: bool = False) -> None:
+        """SIGTERM (the simulator then finishes its open streams, for up to 10 s), or with `cut` SIGKILL: the
+        streams end mid-response, as vLLM's do on SIGTERM (it cancels its HTTP server)."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            if cut:  # the whole session it was started in (start_new_session): no engine worker outlives it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+            else:
+                self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -371,3 +371,72 @@ def test_a_precision_no_engine_can_load_is_an_invalid_spec_not_a_crash() -> None
     assert invalid is not None and invalid.status == ConditionStatus.TRUE
     assert "int4 needs a checkpoint already quantized to int4" in invalid.message
     assert intent.writes == ()
+
+
+def test_a_scale_down_marks_the_busy_pods_first_and_nothing_else_does() -> None:
+    loads = {"llama-70b-abc": 7.0, "llama-70b-def": 0.0}
+    ready = BY_NAME["ready"]
+    assert PLANNED_REPLICAS > 1
+    lowered = spec_with(**{"workload.requestsPerSecond": 1})  # the new plan starts with fewer
+    # a pass on the spec edit's own event (no fresh metrics): the last resync's per-pod figures serve
+    world = replace(ready.world(SETTLED["ready"], T0), body=body(lowered, SETTLED["ready"], 2),
+                    in_flight_by_pod=loads)
+    intent = desire(world, {})
+    [write] = intent.writes
+    assert write.body["spec"]["replicas"] < PLANNED_REPLICAS
+    assert intent.scale_down is not None and intent.scale_down.in_flight_by_pod == loads
+    assert intent.scale_down.namespace == OWNER.namespace
+    assert intent.scale_down.selector == {"kvscale.dev/llmdeployment": OWNER.name}
+    # no scale-down, or no per-pod figures: nothing to mark
+    assert desire(replace(world, body=body(FEASIBLE, SETTLED["ready"], 1)), {}).scale_down is None
+    assert desire(replace(world, in_flight_by_pod=None), {}).scale_down is None
+
+
+class RecordingCluster:
+    """The calls `apply_intent` makes, in order; pod annotations refused when `refuse_pods`."""
+
+    def __init__(self, pods: list[dict[str, Any]], refuse_pods: bool = False) -> None:
+        self.pods, self.refuse_pods = pods, refuse_pods
+        self.calls: list[tuple[str, ...]] = []
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        self.calls.append(("list pods", namespace))
+        return self.pods
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        from kvscale.kube.cluster import KubeApiError
+
+        if self.refuse_pods:
+            raise KubeApiError("annotate: 403 forbidden", 403)
+        self.calls.append(("annotate", name, *annotations.values()))
+
+    def apply(self, body: Mapping[str, Any], force: bool = False) -> dict[str, Any]:
+        self.calls.append(("apply", body["kind"], str(body["spec"].get("replicas"))))
+        return dict(body)
+
+    def patch_llmdeployment_status(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("status",))
+        return {"metadata": {"resourceVersion": "8"}}
+
+    def emit_event(self, *args: Any) -> None:
+        pass
+
+
+def test_the_costs_are_written_before_the_deployment_loses_replicas_and_a_refusal_does_not_hold_it() -> None:
+    from kvscale.controllers.apply import apply_intent
+
+    pods = [{"metadata": {"name": n, "labels": {"kvscale.dev/llmdeployment": OWNER.name}}}
+            for n in ("llama-70b-abc", "llama-70b-def")]
+    world = replace(BY_NAME["ready"].world(SETTLED["ready"], T0),
+                    body=body(spec_with(**{"workload.requestsPerSecond": 1}), SETTLED["ready"], 2),
+                    in_flight_by_pod={"llama-70b-abc": 7.0})
+    intent = desire(world, {})
+    cluster = RecordingCluster(pods)
+    applied = apply_intent(cluster, world, intent, Backoff())  # type: ignore[arg-type]
+    assert cluster.calls[:4] == [("list pods", OWNER.namespace), ("annotate", "llama-70b-abc", "70"),
+                                 ("annotate", "llama-70b-def", "0"), ("apply", "Deployment", "1")]
+    assert "annotate 2 pod(s)" in applied.report.written
+
+    refusing = RecordingCluster(pods, refuse_pods=True)
+    applied = apply_intent(refusing, world, intent, Backoff())  # type: ignore[arg-type]
+    assert ("apply", "Deployment", "1") in refusing.calls and not applied.report.refused

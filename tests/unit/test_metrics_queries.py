@@ -91,3 +91,14 @@ def test_the_engines_work_counters_stay_per_gpu() -> None:
                           ("estimated_write_bytes_per_s_per_gpu", "vllm:estimated_write_bytes_per_gpu_total"),
                           ("engine_steps_per_s", "vllm:iteration_tokens_total_count")):
         assert queries[field] == f"avg by (namespace, llmdeployment) (rate({metric}[60s]))"
+
+
+def test_requests_in_flight_are_read_per_pod_for_both_engines() -> None:
+    from kvscale.metrics.queries import build_in_flight_by_pod_query
+
+    promql = build_in_flight_by_pod_query(MetricsLabels(namespace="ns", deployment="app", pod="instance_pod"))
+    assert "sum by (ns, app, instance_pod) (avg_over_time(vllm:num_requests_running[30s]))" in promql
+    assert "sum by (ns, app, instance_pod) (avg_over_time(vllm:num_requests_waiting[30s]))" in promql
+    # SGLang repeats the same gauge on every TP rank of a pod: max, not sum
+    assert "max by (ns, app, instance_pod) (avg_over_time(sglang:num_running_reqs[30s]))" in promql
+    assert ") or (" in promql

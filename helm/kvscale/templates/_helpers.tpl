@@ -85,10 +85,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get]
-# Readiness of the serving pods.
+# Readiness and start-up of the serving pods; patch: their pod-deletion-cost before a scale-down.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 # Events about LLMDeployments (kvscale's catalogue of reasons, and kopf's own).
 - apiGroups: ["", events.k8s.io]
   resources: [events]

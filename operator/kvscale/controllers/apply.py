@@ -22,14 +22,24 @@ from kvscale.controllers.autoscaling import ScalingInput
 from kvscale.controllers.backoff import Backoff, fingerprint
 from kvscale.controllers.desire import previous_status, same_status, settle, status_dict
 from kvscale.controllers.events import EventReason
-from kvscale.controllers.world import Intent, ObjectWrite, PassReport, World, WriteFailure, WriteKind
+from kvscale.controllers.world import (
+    Intent,
+    ObjectWrite,
+    PassReport,
+    ScaleDownPrep,
+    World,
+    WriteFailure,
+    WriteKind,
+)
 from kvscale.kube.cluster import FIELD_MANAGER, Cluster, EventRecord, KubeApiError
+from kvscale.kube.drain import DELETION_COST_ANNOTATION, deletion_costs
 
 log = logging.getLogger("kvscale.reconcile")
 _MANAGER = re.compile(r'conflicts? with "([^"]+)"')
 
 
-def read_world(cluster: Cluster, body: Mapping[str, Any], now: datetime, scaling: ScalingInput | None) -> World:
+def read_world(cluster: Cluster, body: Mapping[str, Any], now: datetime, scaling: ScalingInput | None,
+               in_flight_by_pod: Mapping[str, float] | None = None) -> World:
     """Every read one pass needs, before anything is decided."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -43,6 +53,7 @@ def read_world(cluster: Cluster, body: Mapping[str, Any], now: datetime, scaling
         config_map=cluster.get_config_map(namespace, str(config_name)) if config_name else None,
         now=now,
         scaling=scaling,
+        in_flight_by_pod=in_flight_by_pod,
     )
 
 
@@ -88,6 +99,20 @@ class Writer:
             self.cluster.emit_event(self.world.body, event, self.world.now)
         except KubeApiError as exc:  # an Event is best effort; the status carries the same facts
             log.debug("could not emit event %s: %s", event.reason, exc)
+
+    def deletion_costs(self, prep: ScaleDownPrep) -> None:
+        """Best effort: without the costs the ReplicaSet picks pods by its own ranking, and the preStop drain
+        still lets their requests finish, so a refusal (RBAC without pods/patch, say) does not hold the scale."""
+        try:
+            pods = self.cluster.list_pods(prep.namespace, prep.selector)
+            costs = deletion_costs(pods, prep.selector, prep.in_flight_by_pod)
+            for cost in costs:
+                self.cluster.annotate_pod(prep.namespace, cost.pod, {DELETION_COST_ANNOTATION: str(cost.cost)})
+        except KubeApiError as exc:
+            log.warning("could not set pod-deletion-cost before scaling down %s: %s", prep.namespace, exc)
+            return
+        if costs:
+            self.written.append(f"annotate {len(costs)} pod(s)")
 
     def object(self, write: ObjectWrite) -> None:
         body_print = fingerprint(write.body)
@@ -155,6 +180,8 @@ def apply_intent(cluster: Cluster, world: World, intent: Intent, backoff: Backof
     status that records them is written, so a refused status write does not repeat them every pass.
     """
     writer = Writer(cluster, world, backoff, world.now.timestamp())
+    if intent.scale_down is not None:  # before the Deployment loses replicas: the ReplicaSet reads them then
+        writer.deletion_costs(intent.scale_down)
     for write in intent.writes:
         writer.object(write)
     settled = settle(intent, world, writer.failures)

@@ -32,7 +32,7 @@ from kvscale.autoscaler import ScaleDecision
 from kvscale.catalog import GpuSpec
 from kvscale.controllers.autoscaling import autoscale
 from kvscale.controllers.events import EventReason
-from kvscale.controllers.world import Intent, ObjectWrite, World, WriteFailure, WriteKind
+from kvscale.controllers.world import Intent, ObjectWrite, ScaleDownPrep, World, WriteFailure, WriteKind
 from kvscale.errors import CatalogError, InvalidSpecError
 from kvscale.kube.builders import (
     SPEC_HASH_ANNOTATION,
@@ -289,7 +289,16 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     status = status.model_copy(update={"desired_replicas": replicas, "conditions": _only(conditions, evaluated)})
     events += _flip_event(previous, status, ConditionType.INSUFFICIENT_CAPACITY,
                           EventReason.INSUFFICIENT_CAPACITY, EventReason.CAPACITY_AVAILABLE)
-    return Intent(status=status, writes=tuple(writes), events=tuple(events), decision=decision, tracks_writes=True)
+    return Intent(status=status, writes=tuple(writes), events=tuple(events), decision=decision, tracks_writes=True,
+                  scale_down=_scale_down_prep(owner, run.owned, replicas, world))
+
+
+def _scale_down_prep(owner: Owner, live: Mapping[str, Any] | None, replicas: int, world: World) -> ScaleDownPrep | None:
+    """When the Deployment is about to lose replicas and per-pod load is known: which pods are busy."""
+    loads = world.in_flight_by_pod
+    if live is None or loads is None or replicas >= int((live.get("spec") or {}).get("replicas") or 0):
+        return None
+    return ScaleDownPrep(owner.namespace, selector_labels(owner), loads)
 
 
 def _name_conflict(run: _Pass, status: LLMDeploymentStatus, evaluated: Collection[str], replicas: int,

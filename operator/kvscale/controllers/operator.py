@@ -80,6 +80,8 @@ class OperatorState:
     cluster: Cluster | None = None
     metrics: PrometheusSource | None = None
     histories: dict[tuple[str, str], ScalingHistory] = field(default_factory=dict)
+    # requests in flight per pod as the last resync read them, with when (time.monotonic)
+    in_flight: dict[tuple[str, str], tuple[float, dict[str, float]]] = field(default_factory=dict)
     backoffs: dict[tuple[str, str], Backoff] = field(default_factory=dict)
     problems: dict[tuple[str, str], str] = field(default_factory=dict)  # what was last logged, per resource
     own_versions: dict[tuple[str, str], str] = field(default_factory=dict)  # after kvscale's last status write
@@ -114,7 +116,8 @@ class OperatorState:
                 reconciler = Reconciler(self.cluster, self.config.gpu_prices_usd_per_hour)
                 if scaling is not None:  # the history may have moved since the cycle began
                     scaling = replace(scaling, history=self.histories.get(key, ScalingHistory()))
-                outcome = reconciler.reconcile(body, datetime.now(UTC), scaling, self.backoffs.get(key))
+                outcome = reconciler.reconcile(body, datetime.now(UTC), scaling, self.backoffs.get(key),
+                                               self._in_flight(key))
             except Exception as exc:  # the operator must outlive any one resource's failure
                 self.failures += 1
                 self.telemetry.reconciles.labels(result="error").inc()
@@ -142,6 +145,13 @@ class OperatorState:
                 log.info("reconciled %s/%s: %s", namespace, name, ", ".join(outcome.writes))
             return outcome
 
+    def _in_flight(self, key: tuple[str, str]) -> dict[str, float] | None:
+        """The pods' requests in flight from the last resync, unless older than two of its intervals."""
+        read = self.in_flight.get(key)
+        if read is None or time.monotonic() - read[0] > 2 * self.config.scan_interval_s:
+            return None
+        return read[1]
+
     def _report(self, key: tuple[str, str], problem: str, exc: Exception | None = None) -> None:
         """Log a resource's problem once per change of it (not once per pass), and its recovery."""
         before = self.problems.get(key, "")
@@ -158,6 +168,7 @@ class OperatorState:
 
     def _forget(self, key: tuple[str, str]) -> None:
         self.histories.pop(key, None)
+        self.in_flight.pop(key, None)
         self.backoffs.pop(key, None)
         self.problems.pop(key, None)
         self.own_versions.pop(key, None)
@@ -264,6 +275,9 @@ class OperatorState:
                 fetched = self.metrics.fetch(keys, quantile)
                 observations.update(fetched.observations)
                 prefill.update(fetched.prefill_s)
+            read_at = time.monotonic()
+            for key, loads in self.metrics.in_flight_by_pod([k for keys in by_quantile.values() for k in keys]).items():
+                self.in_flight[(key.namespace, key.name)] = (read_at, loads)
         except MetricsUnavailableError as exc:
             problem = str(exc)
         self._report(("", "metrics"), f"metrics unavailable: {problem}" if problem else "")

@@ -49,14 +49,15 @@ class Reconciler:
         self.default_prices = dict(default_prices_usd_per_hour or {})
 
     def reconcile(self, body: Mapping[str, Any], now: datetime, scaling: ScalingInput | None = None,
-                  backoff: Backoff | None = None) -> Outcome:
+                  backoff: Backoff | None = None, in_flight_by_pod: Mapping[str, float] | None = None) -> Outcome:
         """Bring one resource in line. `scaling` (fresh metrics, once per resync cycle) lets the
         autoscaler act; without it replicas stay where the last decision put them. `backoff` holds
-        the writes refused in earlier passes."""
+        the writes refused in earlier passes; `in_flight_by_pod`, the pods' requests in flight as last
+        measured (which pods a scale-down spares)."""
         outcome = Outcome(backoff=backoff or Backoff())
         meta = body["metadata"]
         for attempt in range(RERUNS_ON_CONFLICT + 1):
-            world = read_world(self.cluster, body, now, scaling)
+            world = read_world(self.cluster, body, now, scaling, in_flight_by_pod)
             intent = desire(world, self.default_prices)
             applied = apply_intent(self.cluster, world, intent, outcome.backoff)
             report = applied.report

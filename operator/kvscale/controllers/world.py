@@ -30,6 +30,9 @@ class World:
     config_map: Mapping[str, Any] | None  # the ConfigMap spec.model.configMapRef names; None: absent or none named
     now: datetime
     scaling: ScalingInput | None = None  # fresh metrics (once per resync); None: replicas stay as decided
+    # requests running + waiting per pod name, from the last resync's metrics (any pass may scale down:
+    # a spec edit too); None: unknown
+    in_flight_by_pod: Mapping[str, float] | None = None
 
 
 class WriteKind(StrEnum):
@@ -61,6 +64,16 @@ class WriteFailure:
 
 
 @dataclass(frozen=True)
+class ScaleDownPrep:
+    """Before a scale-down: the deployment's pods (by `selector` in `namespace`) get their requests in flight
+    as pod-deletion-cost, so the ReplicaSet removes the idle ones (kube/drain.py)."""
+
+    namespace: str
+    selector: Mapping[str, str]
+    in_flight_by_pod: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class Intent:
     """What the resource should look like after this pass."""
 
@@ -69,6 +82,7 @@ class Intent:
     events: tuple[EventRecord, ...] = ()  # about the resource itself (plan, conditions), emitted after the writes
     decision: ScaleDecision | None = None  # the autoscaler's answer, when this pass scaled
     tracks_writes: bool = False  # whether the WriteFailed condition applies (a feasible plan kvscale acts on)
+    scale_down: ScaleDownPrep | None = None  # written before the Deployment when it loses replicas
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from kvscale.api.spec import API_GROUP, API_VERSION, KIND, LLMDeploymentSpec, Precision
 from kvscale.catalog import GpuSpec
+from kvscale.kube.drain import drain_lifecycle, longest_request_s, termination_grace_s
 from kvscale.kube.engines import (
     COMMANDS,
     HEALTH_PATH,
@@ -146,7 +147,7 @@ def build_probes() -> dict[str, dict[str, Any]]:
     }
 
 
-def build_container(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec) -> dict[str, Any]:
+def build_container(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec, grace_s: int) -> dict[str, Any]:
     return {
         "name": launch.engine.value,
         "image": launch.image,
@@ -157,12 +158,23 @@ def build_container(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec)
         "resources": build_resources(spec, gpu, launch.tensor_parallel),
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
         **build_probes(),
+        # a scale-down or rollout waits for the requests in flight instead of cutting them (kube/drain.py)
+        "lifecycle": drain_lifecycle(launch.engine, SERVING_PORT, METRICS_PATH, grace_s),
     }
 
 
-def build_pod_spec(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec) -> dict[str, Any]:
+def grace_for(spec: LLMDeploymentSpec, chosen: Candidate) -> int:
+    """terminationGracePeriodSeconds for the chosen configuration: long enough for its longest request."""
+    predicted = chosen.predicted
+    return termination_grace_s(longest_request_s(spec, chosen.max_model_len,
+                                                 predicted.ttft_ms if predicted else None,
+                                                 predicted.tpot_ms if predicted else None))
+
+
+def build_pod_spec(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec, grace_s: int) -> dict[str, Any]:
     return {
-        "containers": [build_container(spec, launch, gpu)],
+        "containers": [build_container(spec, launch, gpu, grace_s)],
+        "terminationGracePeriodSeconds": grace_s,
         "nodeSelector": build_node_selector(spec, gpu),
         "tolerations": build_tolerations(spec, gpu),
         # NCCL and the engines' worker processes share tensors through /dev/shm; the 64 MiB
@@ -193,7 +205,7 @@ def build_deployment(
     `native_precision` is the checkpoint's, to tell whether the engine must quantize on load.
     """
     launch = build_engine_launch(spec, chosen, native_precision)
-    pod_spec = build_pod_spec(spec, launch, gpu)
+    pod_spec = build_pod_spec(spec, launch, gpu, grace_for(spec, chosen))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

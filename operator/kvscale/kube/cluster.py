@@ -189,7 +189,20 @@ class Cluster:
         return self._list("list pods", self._pods,
                           field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
 
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The pods in `namespace` whose labels match `selector`."""
+        labels = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
+        return self._list(f"list pods {labels} in {namespace}", self._pods, namespace=namespace, label_selector=labels)
+
     # --- writes ------------------------------------------------------------------------------
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """A merge patch of a pod's annotations (the ReplicaSet's pod-deletion-cost, say)."""
+        body = {"metadata": {"annotations": dict(annotations)}}
+        _call(f"annotate pod {namespace}/{name}",
+              lambda: self._pods.patch(body=body, name=name, namespace=namespace, content_type=MERGE_PATCH,
+                                       field_manager=FIELD_MANAGER, serializer=_as_dict,
+                                       _request_timeout=REQUEST_TIMEOUT_S))
+
     def apply(self, body: Mapping[str, Any], force: bool = False) -> dict[str, Any]:
         """Server-side apply of the whole object under the `kvscale` field manager: kvscale owns the
         fields it sets, a field it stops setting is removed, and (without `force`) a field another

@@ -152,6 +152,18 @@ def build_arrivals_query(labels: MetricsLabels, window_s: int) -> str:
                      _sum_rate("sglang:num_requests_total", labels, w))
 
 
+def build_in_flight_by_pod_query(labels: MetricsLabels) -> str:
+    """Requests running plus waiting per pod, averaged over GAUGE_SMOOTHING_S (one instant of a gauge can
+    miss a busy engine): which pods a scale-down should spare."""
+    by_pod = f"{labels.group}, {labels.pod}"
+
+    def smoothed(metric: str, reduce: str) -> str:
+        return f"{reduce} by ({by_pod}) (avg_over_time({metric}[{GAUGE_SMOOTHING_S}s]))"
+
+    return _first_of(f"{smoothed('vllm:num_requests_running', 'sum')} + {smoothed('vllm:num_requests_waiting', 'sum')}",
+                     f"{smoothed('sglang:num_running_reqs', 'max')} + {smoothed('sglang:num_queue_reqs', 'max')}")
+
+
 def build_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]:
     """The PromQL of each scalar Observation field, keyed by field name."""
     w = f"{max(int(window_s), 1)}s"

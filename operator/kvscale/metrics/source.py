@@ -20,6 +20,7 @@ from kvscale.metrics.queries import (
     MetricsLabels,
     build_arrivals_query,
     build_bucket_queries,
+    build_in_flight_by_pod_query,
     build_queries,
 )
 
@@ -115,6 +116,18 @@ class PrometheusSource:
                     points.append((t, value))
             history[key] = sorted(points)
         return history
+
+    def in_flight_by_pod(self, keys: Iterable[DeploymentKey]) -> dict[DeploymentKey, dict[str, float]]:
+        """Requests running plus waiting per pod name, per deployment (those with series only)."""
+        wanted = set(keys)
+        loads: dict[DeploymentKey, dict[str, float]] = {}
+        if not wanted:
+            return loads
+        for key, labels, value in self._samples(build_in_flight_by_pod_query(self.labels), None):
+            pod = labels.get(self.labels.pod)
+            if key in wanted and pod and math.isfinite(value):
+                loads.setdefault(key, {})[str(pod)] = max(value, 0.0)
+        return loads
 
     def _evaluation_time_s(self) -> float | None:
         """Prometheus's own clock: every query of one fetch is evaluated at this instant.

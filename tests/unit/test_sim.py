@@ -33,7 +33,7 @@ from kvscale.sim import (
 from kvscale.sim.loadtest import load_test_capacity, measure_at_rate
 from kvscale.sim.observe import REQUEST_LATENCY_BUCKETS_S, WindowStats, histogram_percentile
 from kvscale.sim.policies import FleetState, HpaPolicy, KvscalePolicy, StaticPolicy
-from kvscale.sim.server import StepCost
+from kvscale.sim.server import MEASURED_LIKE_FORM, SERVER_FORMS, ServerForm, StepCost
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "operator" / "kvscale"
@@ -309,3 +309,45 @@ def test_the_weekly_trace_has_quiet_nights_busy_afternoons_and_a_lighter_weekend
     assert sunday.mean() == pytest.approx(1.0, rel=0.05)  # the weekend at half a weekday
     assert int(np.argmax(monday)) in (15, 16, 17) and int(np.argmin(monday)) in (3, 4, 5)
     assert monday.max() > 5 * monday.min()
+
+
+def test_measured_like_servers_differ_from_the_model_in_form_not_only_in_scale() -> None:
+    arch = resolve_architecture("meta-llama/Llama-3.1-8B-Instruct")
+    setup = ServingSetup(arch, find_gpu("L4"), 2, arch.native_precision)
+    model = build_replica_model(setup)
+    plain = StepCost(model, setup.token_budget + 256)
+    form = ServerForm(attention_growth_tokens=16_384.0, overhead_jitter_cv=0.5, seed=3)
+    grown = StepCost(model, setup.token_budget + 256, form)
+    # decode attention per token grows with the mean context: no extra at a short context, +25% at 4k...
+    for mean_context in (16.0, 4096.0, 16_384.0):
+        extra = grown.step_s(32, 32 * mean_context) - plain.step_s(32, 32 * mean_context)
+        attention = plain.step_s(32, 32 * mean_context) - plain.step_s(32, 0.0)
+        assert extra == pytest.approx(attention * mean_context / 16_384.0, rel=1e-9)
+    # ...so no scale factor of the model's makes up for it: the step's growth with context is not linear
+    growth = [grown.step_s(32, 32 * c) - grown.step_s(32, 0.0) for c in (2048.0, 4096.0, 8192.0)]
+    assert growth[2] - growth[1] > 2.1 * (growth[1] - growth[0])
+    # step overheads jitter around their mean: the sum over k steps has the mean 0 and the spread sqrt(k) cv
+    overhead = setup.efficiency.step_overhead_s
+    single = np.array([grown.overhead_noise_s(1) for _ in range(20_000)])
+    assert abs(single.mean()) < 0.02 * overhead and single.std() == pytest.approx(0.5 * overhead, rel=0.05)
+    hundred = np.array([grown.overhead_noise_s(100) for _ in range(5_000)])
+    assert hundred.std() == pytest.approx(10 * 0.5 * overhead, rel=0.06)
+    assert plain.overhead_noise_s(100) == 0.0
+
+
+def test_the_jitter_lengthens_the_tpot_tail_and_is_seeded(deployment: SimulatedDeployment) -> None:
+    trace = generate_synthetic_trace("synthetic:poisson:rate=1:duration=300:input=512:output=128:seed=2")
+    jittery = FleetConfig(server_form=ServerForm(overhead_jitter_cv=1.0, seed=5))
+    plain = simulate(deployment, trace, StaticPolicy(1, 0.0, 0.0), FleetConfig()).metrics
+    first = simulate(deployment, trace, StaticPolicy(1, 0.0, 0.0), jittery).metrics
+    again = simulate(deployment, trace, StaticPolicy(1, 0.0, 0.0), jittery).metrics
+    assert first == again  # the same seed, the same run
+    assert first["p99_tpot_ms"] > plain["p99_tpot_ms"]
+    assert first["p50_tpot_ms"] == pytest.approx(plain["p50_tpot_ms"], rel=0.1)  # the mean is kept
+    assert plain["server_form"] == "as modelled" and "CV 1" in first["server_form"]
+
+
+def test_cli_server_forms_match_the_simulator() -> None:
+    from kvscale.cli.simulate_cmd import SERVER_FORM_NAMES
+
+    assert tuple(SERVER_FORMS) == SERVER_FORM_NAMES and SERVER_FORMS["measured-like"] == MEASURED_LIKE_FORM

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # Kept here so that building the parser does not import the simulator (tests check they match).
 POLICY_NAMES = ("kvscale", "static-peak", "hpa-kv", "hpa-queue")
 TRACE_NAMES = ("azure-conv", "azure-code")
+SERVER_FORM_NAMES = ("model", "measured-like")
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +36,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-s", type=parse_startup_s, default=(120.0, 120.0), metavar="S|MIN-MAX",
                         help="seconds from scale-up to a Ready replica, or a range each new replica's start-up is "
                              "drawn from uniformly (e.g. 60-300; the policy measures it, it is not told)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the start-up draws")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the start-up draws (and of the step jitter)")
+    parser.add_argument("--server-form", choices=SERVER_FORM_NAMES, default="model",
+                        help="model: the servers' steps have the planner's form (only its efficiency factors "
+                             "differ); measured-like: attention cost per token grows with context and step "
+                             "overheads jitter, neither of which the planner models")
     parser.add_argument("--forecaster", choices=[m.value for m in ForecastMode],
                         help="override the resource's spec.scaling.forecaster (kvscale policy)")
     parser.add_argument("--cluster-gpus", type=int, help="GPUs of the planned type in the cluster (default: unlimited)")
@@ -193,9 +198,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise InvalidSpecError(f"--cluster-gpus {args.cluster_gpus} holds no replica of TP{deployment.tensor_parallel}")
     if args.forecaster:
         deployment = with_forecaster(deployment, ForecastMode(args.forecaster))
+    from kvscale.sim.server import SERVER_FORMS
+
     low, high = args.startup_s
     config = FleetConfig(startup_s=low, startup_range_s=None if low == high else (low, high), seed=args.seed,
-                         cluster_gpus=args.cluster_gpus)
+                         cluster_gpus=args.cluster_gpus,
+                         server_form=replace(SERVER_FORMS[args.server_form], seed=args.seed))
     result = run_simulation(deployment, trace, args.policy, speedup=args.speedup, duration_s=args.duration_s,
                             config=config, initial_replicas=args.initial_replicas,
                             calibrated=not args.no_calibration)

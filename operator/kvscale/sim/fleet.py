@@ -19,7 +19,7 @@ from kvscale.sim.deployment import SimulatedDeployment
 from kvscale.sim.observe import FleetScraper
 from kvscale.sim.policies import FleetState, ScalingPolicy
 from kvscale.sim.result import SimulationResult, TimelinePoint, summarize
-from kvscale.sim.server import Replica, RequestLog, StepCost
+from kvscale.sim.server import MODEL_FORM, Replica, RequestLog, ServerForm, StepCost
 from kvscale.sim.trace import Trace
 
 
@@ -37,6 +37,7 @@ class FleetConfig:
     decision_interval_s: float = 15.0
     tail_s: float = 300.0  # simulated after the last arrival, for requests in flight to finish
     cluster_gpus: int | None = None  # GPUs of the plan's type in the cluster; None: unlimited
+    server_form: ServerForm = MODEL_FORM  # how the servers' steps differ from the model in form
 
 
 class _Fleet:
@@ -45,7 +46,8 @@ class _Fleet:
         self.log = log
         self.config = config
         setup = deployment.server_setup
-        self.cost = StepCost(build_replica_model(setup), setup.token_budget + deployment.max_num_seqs)
+        self.cost = StepCost(build_replica_model(setup), setup.token_budget + deployment.max_num_seqs,
+                             config.server_form)
         self.starting: list[Replica] = []
         self.ready: list[Replica] = []
         self.draining: list[Replica] = []
@@ -199,7 +201,8 @@ def simulate(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPolic
                       for r in fleet.all_replicas())) * deployment.tensor_parallel
     busy_s = float(sum(r.busy_s for r in fleet.all_replicas()))
     return summarize(deployment, trace, policy, log, timeline, gpu_s=gpu_s, busy_replica_s=busy_s,
-                     simulated_s=end, replicas_created=fleet.created)
+                     simulated_s=end, replicas_created=fleet.created,
+                     server_form="" if config.server_form == MODEL_FORM else config.server_form.describe)
 
 
 __all__ = ["FleetConfig", "simulate"]

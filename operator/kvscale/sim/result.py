@@ -57,7 +57,7 @@ def _efficiency(e: EfficiencyFactors) -> dict[str, float]:
 
 def summarize(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPolicy, log: RequestLog,
               timeline: list[TimelinePoint], *, gpu_s: float, busy_replica_s: float, simulated_s: float,
-              replicas_created: int) -> SimulationResult:
+              replicas_created: int, server_form: str = "") -> SimulationResult:
     slo = deployment.spec.slo
     n = trace.requests
     finished = ~np.isnan(log.finish_s)
@@ -107,6 +107,7 @@ def summarize(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPoli
         "replica_utilisation": round(busy_replica_s / (gpu_s / deployment.tensor_parallel), 4) if gpu_s else None,
         "server_efficiency": _efficiency(deployment.server_setup.efficiency),
         "planner_efficiency": _efficiency(deployment.setup.efficiency),
+        "server_form": server_form or "as modelled",
         "note": ("the simulated servers are slower than the planner's default efficiency (decode and prefill "
                  "factors and per-step overhead above differ); kvscale calibrates its model online, the "
                  "baselines do not use the model"),

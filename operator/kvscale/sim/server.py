@@ -17,11 +17,37 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kvscale.perfmodel import ReplicaModel
+
+
+@dataclass(frozen=True)
+class ServerForm:
+    """How the simulated servers differ from the planner's model in form, beyond its scale factors (the
+    model knows neither): attention that costs more per token as contexts grow (paged attention reads more
+    scattered blocks and splits long sequences), and a per-step overhead that varies from step to step
+    (the scheduler, sampling and Python between kernels), which lengthens the TPOT tail, not the mean."""
+
+    attention_growth_tokens: float | None = None  # decode attention per token x (1 + mean context / this)
+    overhead_jitter_cv: float = 0.0  # coefficient of variation of each step's overhead (gamma, same mean)
+    seed: int = 0
+
+    @property
+    def describe(self) -> str:
+        growth = (f"decode attention per token x (1 + mean context / {self.attention_growth_tokens:g})"
+                  if self.attention_growth_tokens else "attention as modelled")
+        return f"{growth}; step overhead with CV {self.overhead_jitter_cv:g} (gamma)"
+
+
+MODEL_FORM = ServerForm()
+# The benchmarks' servers: at a 4k-token mean context decode attention costs 25% more per token than the
+# model says, and step overheads vary with a CV of 0.5.
+MEASURED_LIKE_FORM = ServerForm(attention_growth_tokens=16_384.0, overhead_jitter_cv=0.5)
+SERVER_FORMS = {"model": MODEL_FORM, "measured-like": MEASURED_LIKE_FORM}  # by `kvscale simulate --server-form`
 
 
 class StepCost:
@@ -36,9 +62,12 @@ class StepCost:
     _PROBE_CONTEXT = 4096.0
     _PROBE_PAIRS = 1e6
 
-    def __init__(self, model: ReplicaModel, max_tokens: int) -> None:
+    def __init__(self, model: ReplicaModel, max_tokens: int, form: ServerForm = MODEL_FORM) -> None:
         self.model = model
         self.max_tokens = int(max_tokens)
+        self.form = form
+        self._rng = np.random.default_rng(form.seed)
+        self._overhead_s = model.setup.efficiency.step_overhead_s
         self.sliding = bool(model.arch.num_sliding_layers)
         base = float(model.step_s(1.0, 0.0)[()])
         effective = float(model.effective_context(self._PROBE_CONTEXT)[()])
@@ -71,8 +100,19 @@ class StepCost:
             attended = decode_seqs * float(self.model.effective_context(mean)[()])
         else:
             attended = decode_context_tokens
+        if decode_seqs and self.form.attention_growth_tokens:
+            attended *= 1.0 + decode_context_tokens / decode_seqs / self.form.attention_growth_tokens
         return (linear + self.decode_attention_s_per_token * attended
                 + self.prefill_attention_s_per_pair * prefill_attention_pairs)
+
+    def overhead_noise_s(self, steps: int) -> float:
+        """The step overheads' deviation from their mean over `steps` steps (0 without jitter): the sum of
+        `steps` gamma draws of mean 1 is one gamma draw of shape `steps` times theirs."""
+        cv = self.form.overhead_jitter_cv
+        if cv <= 0.0 or steps <= 0:
+            return 0.0
+        shape = 1.0 / (cv * cv)
+        return float(self._rng.gamma(shape * steps, 1.0 / shape) - steps) * self._overhead_s
 
 
 class RequestLog:
@@ -240,6 +280,7 @@ class Replica:
         decoders = self.decoders
         context = self.decode_base + decoders * (self.steps + 1)
         dt = self.cost.step_s(decoders, context, prefill_tokens, pairs, len(chunks))
+        dt = max(dt + self.cost.overhead_noise_s(1), 0.5 * dt)
         self.clock += dt
         self.busy_s += dt
         self.running_seq_s += len(self.running) * dt
@@ -353,6 +394,7 @@ class Replica:
             return False
         last = self.cost.step_s(n, context + n * (k - 1))
         elapsed = k * (first + last) / 2.0
+        elapsed = max(elapsed + self.cost.overhead_noise_s(k), 0.5 * elapsed)
         self.clock += elapsed
         self.busy_s += elapsed
         self.running_seq_s += len(self.running) * elapsed

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +48,13 @@ def pytest_runtest_makereport(
     if report.failed and HERE in Path(str(item.path)).resolve().parents:
         report.sections.append(("test bed logs", _log_tails()))
     return report
+
+
+@pytest.fixture
+def stack(kube: Any, prometheus: Any, namespace: str) -> Iterator[Any]:
+    """The operator with live metrics, simulated serving pods and the conversation trace (e2ekit.Stack), in
+    the test's namespace; a test module may define its own (another Prometheus URL, say)."""
+    from e2ekit import serving_stack
+
+    with serving_stack(kube, prometheus, namespace) as opened:
+        yield opened

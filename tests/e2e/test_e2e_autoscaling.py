@@ -15,22 +15,14 @@ planner expects 6.6: the loop has to calibrate to keep the SLO.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 
-import pytest
 from bedctl import BED_PROMETHEUS
-from bedkit import Kube, Prometheus, wait_until
-from e2ekit import SCAN_INTERVAL_S, Recorder, Stack, serving_stack
+from bedkit import wait_until
+from e2ekit import SCAN_INTERVAL_S, Recorder, Stack
 from loadgen import Surge, percentile
 
 TTFT_SLO_S, TPOT_SLO_S = 2.5, 0.050  # as in the fixture
 STABILIZATION_S = 30
-
-
-@pytest.fixture
-def stack(kube: Kube, prometheus: Prometheus, namespace: str) -> Iterator[Stack]:
-    with serving_stack(kube, prometheus, namespace) as opened:
-        yield opened
 
 
 def test_load_ramp_scales_up_within_a_few_scrapes_and_latency_returns_under_slo(stack: Stack) -> None:

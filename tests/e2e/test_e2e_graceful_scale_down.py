@@ -16,11 +16,8 @@ every replica still has requests in flight. Asserted:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-from bedkit import Kube, Prometheus, wait_until
-from e2ekit import MODEL, Stack, running_pods, serving_stack
+from bedkit import wait_until
+from e2ekit import MODEL, Stack, running_pods
 from loadgen import LoadGenerator, TraceRequest
 
 from kvscale.kube.drain import DELETION_COST_ANNOTATION
@@ -28,12 +25,6 @@ from kvscale.metrics import DeploymentKey, PrometheusSource
 
 OUTPUT_TOKENS = 800
 REPLICAS = 4
-
-
-@pytest.fixture
-def stack(kube: Kube, prometheus: Prometheus, namespace: str) -> Iterator[Stack]:
-    with serving_stack(kube, prometheus, namespace) as opened:
-        yield opened
 
 
 def steady(rate_rps: float, duration_s: float) -> list[TraceRequest]:

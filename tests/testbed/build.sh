@@ -63,13 +63,15 @@ if [ ! -x "$SIM_DIR/llm-d-inference-sim" ]; then
   rm -rf "$SIM_DIR" && mv "$SIM_DIR.tmp" "$SIM_DIR"
 fi
 
-# kwok's stage definitions ship inside its module: assemble the ones the bed uses.
-if [ ! -s "$TB/kwok-$KWOK_VERSION/stages.yaml" ]; then
+# kwok's stage definitions ship inside its module: assemble the ones the bed uses, plus a slow start-up
+# for pods that ask for one (tests/testbed/kwok_stages.py). The file name says which assembly it is.
+STAGES="$TB/kwok-$KWOK_VERSION/stages-slow-start.yaml"
+if [ ! -s "$STAGES" ]; then
   KD=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
   for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
            pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
     echo '---'; cat "$KD/kustomize/stage/$f.yaml"
-  done > "$TB/kwok-$KWOK_VERSION/stages.yaml"
+  done | python3 "$HERE/kwok_stages.py" > "$STAGES.tmp" && mv "$STAGES.tmp" "$STAGES"
 fi
 
 if ! command -v prometheus >/dev/null; then
@@ -84,5 +86,5 @@ for b in "$K8S_BIN"/* "$ETCD_BIN/etcd" "$TB/kwok-$KWOK_VERSION/kwok" "$TB/helm-$
          "$TB/llm-d-inference-sim-$INFERENCE_SIM_VERSION/llm-d-inference-sim"; do
   ln -sfn "$b" "$TB/bin/$(basename "$b")"
 done
-ln -sfn "$TB/kwok-$KWOK_VERSION/stages.yaml" "$TB/bin/kwok-stages.yaml"
+ln -sfn "$STAGES" "$TB/bin/kwok-stages.yaml"
 log "ready: $TB/bin"

@@ -47,5 +47,14 @@ def bytes_per_s_to_gb_per_s(value_bytes_per_s: float) -> float:
     return value_bytes_per_s / GB
 
 
+def gbit_per_s_to_bytes_per_s(value_gbit_per_s: float) -> float:
+    """Network links are sold in gigabits per second (400 Gb/s InfiniBand = 50 GB/s)."""
+    return value_gbit_per_s * GB / 8.0
+
+
+def bytes_per_s_to_gbit_per_s(value_bytes_per_s: float) -> float:
+    return value_bytes_per_s * 8.0 / GB
+
+
 def flops_per_s_to_tflops(value_flops_per_s: float) -> float:
     return value_flops_per_s / TERA

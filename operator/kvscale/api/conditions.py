@@ -42,6 +42,7 @@ class Reason(StrEnum):
     TTFT_UNREACHABLE = "TtftUnreachable"
     INSUFFICIENT_MEMORY = "InsufficientMemory"
     MAX_REPLICAS_TOO_LOW = "MaxReplicasTooLow"
+    MULTI_NODE_NOT_YET_SUPPORTED = "MultiNodeNotYetSupported"
 
 
 # Plan.binding_constraint of an infeasible plan -> the Infeasible condition's reason.
@@ -125,6 +126,8 @@ class CandidateView(Protocol):
     @property
     def tensor_parallel(self) -> int: ...
     @property
+    def pipeline_parallel(self) -> int: ...
+    @property
     def max_num_seqs(self) -> int: ...
     @property
     def max_model_len(self) -> int: ...
@@ -165,6 +168,7 @@ def build_plan_status(plan: PlanView) -> PlanStatus:
         feasible=plan.feasible,
         gpu_type=chosen.gpu_type,
         tensor_parallel=chosen.tensor_parallel,
+        pipeline_parallel=chosen.pipeline_parallel,
         max_num_seqs=chosen.max_num_seqs,
         max_model_len=chosen.max_model_len,
         gpu_memory_utilization=chosen.gpu_memory_utilization,

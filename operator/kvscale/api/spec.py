@@ -128,8 +128,16 @@ class GpuSection(ApiModel):
         ),
     ]
     per_node: Annotated[
-        int, Field(ge=1, le=16, description="GPUs per node: the largest tensor-parallel degree allowed.")
+        int,
+        Field(ge=1, le=16, description="GPUs per node: the largest tensor-parallel degree allowed; a replica "
+              "larger than one node spans whole nodes (tensor parallel within, pipeline parallel across)."),
     ] = 8
+    inter_node_gbit_per_s: Annotated[
+        float | None,
+        Field(gt=0, le=10000, description="Network bandwidth between nodes per GPU, one direction, in "
+              "gigabits/s (e.g. 400 for one 400 Gb/s InfiniBand NIC per GPU), overriding the catalog's "
+              "figure for every candidate type. Used for replicas that span nodes."),
+    ] = None
     price_usd_per_hour: Annotated[
         dict[str, Annotated[float, Field(gt=0)]],
         Field(description="Hourly price per GPU by type, overriding the catalog's default price."),
@@ -338,6 +346,11 @@ class ServingSection(ApiModel):
     tensor_parallel: Annotated[
         int | None,
         Field(ge=1, le=64, description="Pin the tensor-parallel degree instead of letting the planner choose."),
+    ] = None
+    pipeline_parallel: Annotated[
+        int | None,
+        Field(ge=1, le=16, description="Pin the pipeline-parallel degree (nodes per replica; 1: single-node "
+              "replicas only) instead of letting the planner choose."),
     ] = None
     max_num_seqs: Annotated[
         int | None, Field(ge=1, le=4096, description="Pin max-num-seqs instead of letting the planner choose.")

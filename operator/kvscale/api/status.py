@@ -100,7 +100,11 @@ class PlanStatus(StatusModel):
     feasible: Annotated[bool, Field(description="True when a configuration meets both SLOs within maxReplicas.")]
     gpu_type: Annotated[str | None, Field(description="Chosen GPU type from the catalog, e.g. H100-SXM.")] = None
     tensor_parallel: Annotated[
-        int | None, Field(ge=1, description="GPUs per replica (vLLM --tensor-parallel-size).")
+        int | None, Field(ge=1, description="GPUs per replica within one node (vLLM --tensor-parallel-size).")
+    ] = None
+    pipeline_parallel: Annotated[
+        int | None,
+        Field(ge=1, description="Nodes per replica: pipeline stages across nodes (vLLM --pipeline-parallel-size)."),
     ] = None
     max_num_seqs: Annotated[
         int | None, Field(ge=1, description="Concurrent sequences per replica (vLLM --max-num-seqs).")
@@ -112,7 +116,7 @@ class PlanStatus(StatusModel):
         float | None, Field(gt=0, le=1, description="Fraction of GPU memory the engine may use.")
     ] = None
     replicas: Annotated[int, Field(ge=0, description="Replicas the plan needs for the workload's rate.")] = 0
-    gpus: Annotated[int, Field(ge=0, description="GPUs in total: replicas x tensorParallel.")] = 0
+    gpus: Annotated[int, Field(ge=0, description="GPUs in total: replicas x tensorParallel x pipelineParallel.")] = 0
     cost_per_hour: Annotated[
         float | None, Field(ge=0, description="Price of the planned fleet, USD per hour.")
     ] = None

@@ -26,6 +26,9 @@ class GpuEntry(BaseModel):
     fp4_dense_tflops: Annotated[float | None, Field(gt=0)] = None
     interconnect: Literal["nvlink", "xgmi", "pcie"]
     interconnect_gb_per_s: Annotated[float, Field(gt=0, description="Per GPU, one direction.")]
+    inter_node_gbit_per_s: Annotated[
+        float, Field(gt=0, description="Network between nodes per GPU, one direction, gigabits/s.")]
+    inter_node_source: str = ""
     product_label: Annotated[str, Field(description="Value of the node label nvidia.com/gpu.product (or AMD's).")]
     resource_name: str = "nvidia.com/gpu"
     max_gpus_per_node: Annotated[int, Field(ge=1)] = 8
@@ -51,6 +54,11 @@ class GpuSpec:
     resource_name: str
     max_gpus_per_node: int
     usd_per_hour: float
+    inter_node_bytes_per_s: float = 0.0  # per GPU, one direction: what a pipeline stage boundary crosses
+
+    @property
+    def inter_node_gbit_per_s(self) -> float:
+        return units.bytes_per_s_to_gbit_per_s(self.inter_node_bytes_per_s)
 
     @classmethod
     def from_entry(cls, entry: GpuEntry) -> GpuSpec:
@@ -71,4 +79,5 @@ class GpuSpec:
             resource_name=entry.resource_name,
             max_gpus_per_node=entry.max_gpus_per_node,
             usd_per_hour=entry.usd_per_hour,
+            inter_node_bytes_per_s=units.gbit_per_s_to_bytes_per_s(entry.inter_node_gbit_per_s),
         )

@@ -17,6 +17,12 @@ class EfficiencyFactors:
     interconnect: float = 0.70  # achieved / peak link bandwidth in all-reduce
     allreduce_latency_s: float = 12e-6  # fixed cost of one all-reduce call over NVLink/xGMI
     pcie_allreduce_latency_s: float = 30e-6  # the same over PCIe
+    # Pipeline-parallel stage boundaries (not fitted: no published multi-node measurements are in the
+    # accuracy set): the achieved share of the NIC's rate for one send/recv of hidden states, and the
+    # fixed cost of a boundary (NCCL send/recv over InfiniBand or RoCE is about 10-30 us; vLLM adds the
+    # tensor metadata it passes alongside), taken as 100 us.
+    inter_node: float = 0.80  # (assumed)
+    stage_transfer_latency_s: float = 100e-6  # (assumed)
     step_overhead_s: float = 2.0e-3  # scheduler, sampling, launch per engine step (fitted)
     attention_bandwidth: float = 0.90  # achieved / peak HBM bandwidth when reading the KV cache (fitted)
     # Per request, outside the engine's steps: HTTP, tokenization, the hand-off to the engine core

@@ -1,6 +1,11 @@
 """Parameter counts, weight bytes and KV-cache sizing, the way vLLM sizes its cache.
 
 All results are bytes or counts; per-GPU figures are for one tensor-parallel rank.
+
+Pipeline parallel (`pipeline_parallel` > 1, a replica over several nodes): vLLM gives each stage a
+contiguous run of ceil-or-floor(L / PP) decoder layers; the first stage also holds the embedding and
+the last the LM head. Per-GPU figures are for the largest stage: ceil(L / PP) layers plus the larger
+of the embedding and the head (conservative by one of them at most), and the KV cache of its layers.
 """
 
 from __future__ import annotations
@@ -146,14 +151,30 @@ def kv_bytes_per_sequence(arch: ModelArchitecture, context_tokens: float, kv_cac
     return full + sliding
 
 
-def weights_bytes_per_gpu(arch: ModelArchitecture, precision: Precision, tensor_parallel: int) -> float:
-    """Weights one rank holds: everything is sharded across TP except replicated KV projections."""
+def stage_layer_share(arch: ModelArchitecture, pipeline_parallel: int = 1) -> float:
+    """Share of the decoder layers the largest pipeline stage holds: ceil(L / PP) / L (1 without PP)."""
+    if pipeline_parallel <= 1:
+        return 1.0
+    return math.ceil(arch.num_layers / pipeline_parallel) / arch.num_layers
+
+
+def weights_bytes_per_gpu(arch: ModelArchitecture, precision: Precision, tensor_parallel: int,
+                          pipeline_parallel: int = 1) -> float:
+    """Weights one rank holds: everything is sharded across TP except replicated KV projections; with
+    PP, the largest stage's layers plus the larger of the embedding and the LM head."""
     weights = compute_weight_bytes(arch, precision)
-    sharded = weights.total(arch) / tensor_parallel
+    total = weights.total(arch)
+    share = stage_layer_share(arch, pipeline_parallel)
+    if pipeline_parallel > 1:
+        counts = compute_parameter_counts(arch)
+        head = (counts.lm_head or counts.embedding) * UNQUANTIZED_BYTES_PER_PARAM
+        ends = head + weights.embedding
+        total = (total - ends) * share + max(head, weights.embedding)
+    sharded = total / tensor_parallel
     if not arch.is_mla and tensor_parallel > arch.num_kv_heads:
         kv_proj = 2 * arch.hidden_size * arch.head_dim * arch.num_layers
         replicated_heads = kv_heads_per_rank(arch, tensor_parallel) - arch.num_kv_heads / tensor_parallel
-        sharded += kv_proj * replicated_heads * _non_expert_linear_bytes_per_param(precision, arch)
+        sharded += kv_proj * replicated_heads * _non_expert_linear_bytes_per_param(precision, arch) * share
     return sharded
 
 
@@ -196,20 +217,25 @@ def compute_kv_capacity(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     context_tokens: float | None = None,
+    pipeline_parallel: int = 1,
 ) -> KvCapacity:
     """KV-cache capacity in tokens of one replica, following vLLM's `determine_available_memory`.
 
     `context_tokens` sets the sequence length used to amortise sliding-window layers (their cache
-    stops growing at the window); without it every layer is treated as full attention.
+    stops growing at the window); without it every layer is treated as full attention. With
+    `pipeline_parallel` > 1, the figures are those of a rank of the largest stage, whose cache holds
+    its own layers of every token (so the replica holds PP times the tokens of one stage's share).
     """
-    weights = weights_bytes_per_gpu(arch, precision, tensor_parallel)
+    weights = weights_bytes_per_gpu(arch, precision, tensor_parallel, pipeline_parallel)
     activation = activation_peak_bytes(arch, tensor_parallel, max_num_batched_tokens, max_num_seqs)
-    reserve = RUNTIME_RESERVE_BYTES + (NCCL_RESERVE_BYTES if tensor_parallel > 1 else 0)
+    reserve = RUNTIME_RESERVE_BYTES + (NCCL_RESERVE_BYTES if tensor_parallel > 1 or pipeline_parallel > 1 else 0)
     usable = math.ceil(memory_bytes * gpu_memory_utilization) - weights - activation - reserve
     if context_tokens:
-        per_token = kv_bytes_per_sequence(arch, context_tokens, kv_cache_dtype, tensor_parallel) / context_tokens
+        per_token: float = kv_bytes_per_sequence(arch, context_tokens, kv_cache_dtype, tensor_parallel) / context_tokens
     else:
         per_token = kv_bytes_per_token(arch, kv_cache_dtype, tensor_parallel)
+    if pipeline_parallel > 1:
+        per_token *= stage_layer_share(arch, pipeline_parallel)
     blocks = max(0, int(usable // (per_token * VLLM_BLOCK_SIZE_TOKENS)) - 1)  # one null block
     return KvCapacity(
         usable_bytes=usable,
@@ -221,11 +247,13 @@ def compute_kv_capacity(
 
 
 def max_model_len_that_fits(arch: ModelArchitecture, capacity: KvCapacity, kv_cache_dtype: KvCacheDtype,
-                            tensor_parallel: int) -> int:
+                            tensor_parallel: int, pipeline_parallel: int = 1) -> int:
     """Longest single request whose cache fits (vLLM refuses to start below one max-length request)."""
     if capacity.usable_bytes <= 0:
         return 0
-    per_layer = kv_bytes_per_token_per_layer(arch, kv_cache_dtype, tensor_parallel)
+    per_layer: float = kv_bytes_per_token_per_layer(arch, kv_cache_dtype, tensor_parallel)
+    if pipeline_parallel > 1:
+        per_layer *= stage_layer_share(arch, pipeline_parallel)
     full_per_token = arch.num_full_attention_layers * per_layer
     sliding_bytes = arch.num_sliding_layers * per_layer * arch.sliding_window_tokens
     budget = capacity.usable_bytes - sliding_bytes

@@ -1,9 +1,22 @@
-"""Roofline step times of one replica (one vLLM engine over `tensor_parallel` GPUs).
+"""Roofline step times of one replica (one vLLM engine over `tensor_parallel` x `pipeline_parallel` GPUs).
 
 An engine step runs every running sequence's next token plus, with chunked prefill, a slice of
 waiting prompts. Each kernel family is bounded by the slower of its bytes (HBM) and its FLOPs
 (tensor cores); the step is their sum plus TP all-reduces and a fixed per-step overhead.
 Every method takes numpy arrays and broadcasts.
+
+Pipeline parallel (a replica over `pipeline_parallel` nodes, TP within each): vLLM splits the
+running batch into PP micro-batches kept in flight at once, one per stage, so every stage is busy;
+each stage runs 1/PP of the layers. A "step" here is then the cycle in which every running sequence
+gets its next token: a micro-batch passes through all PP stages (each reading its 1/PP of the
+weights and KV, so the pass costs what the whole model costs on TP GPUs for that micro-batch) and
+crosses PP-1 node boundaries, and it is back at the first stage when the PP-1 others have had
+their turn. Assumed: the decodes spread evenly over the micro-batches (at least one sequence in
+each, so a lone sequence pays a full pass: the pipeline bubble at low load); a prompt chunk rides
+a single micro-batch, and the heaviest micro-batch paces the cycle (the others wait behind it at
+every stage). So per-token latency is the sum of all stages plus the transfers, decode throughput
+is about that of PP micro-batches in flight, and prefill gains no speed from PP (conservative
+under heavy prompt load, where vLLM would spread prompts over micro-batches too).
 """
 
 from __future__ import annotations
@@ -16,7 +29,11 @@ from numpy.typing import ArrayLike, NDArray
 from kvscale.api.spec import KvCacheDtype, Precision
 from kvscale.catalog.architecture import ModelArchitecture
 from kvscale.catalog.gpus import GpuSpec
-from kvscale.perfmodel.communication import ALLREDUCES_PER_LAYER, estimate_allreduce_s
+from kvscale.perfmodel.communication import (
+    ALLREDUCES_PER_LAYER,
+    estimate_allreduce_s,
+    estimate_stage_transfer_s,
+)
 from kvscale.perfmodel.efficiency import DEFAULT_EFFICIENCY, EfficiencyFactors
 from kvscale.perfmodel.memory import (
     KvCapacity,
@@ -53,10 +70,16 @@ class ServingSetup:
     gpu_memory_utilization: float = 0.90
     max_num_batched_tokens: int = 0  # 0: vLLM's default for the GPU
     efficiency: EfficiencyFactors = field(default=DEFAULT_EFFICIENCY)
+    pipeline_parallel: int = 1  # stages, one node each (vLLM --pipeline-parallel-size)
 
     @property
     def token_budget(self) -> int:
         return self.max_num_batched_tokens or default_max_num_batched_tokens(self.gpu)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one replica: TP within a node times PP stages across nodes."""
+        return self.tensor_parallel * self.pipeline_parallel
 
 
 @dataclass(frozen=True)
@@ -109,12 +132,28 @@ class ReplicaModel:
         decode_seqs sequences each decode one token at a mean cache length of `context_tokens`;
         `prefill_tokens` prompt tokens of `prefill_seqs` sequences are computed in the same step,
         attending over `prefill_attention_pairs` (query, key) pairs in total (causal: L²/2 for a
-        whole prompt of L).
+        whole prompt of L). With pipeline parallel, the cycle of PP micro-batches (module docstring).
         """
+        eff = self.setup.efficiency
+        decode = np.asarray(decode_seqs, dtype=np.float64)
+        stages = self.setup.pipeline_parallel
+        if stages <= 1:
+            return self._pass_s(decode, context_tokens, prefill_tokens, prefill_attention_pairs,
+                                prefill_seqs) + eff.step_overhead_s
+        micro = np.where(decode > 0, np.maximum(decode / stages, np.minimum(decode, 1.0)), 0.0)
+        heaviest = micro + np.asarray(prefill_tokens, dtype=np.float64)
+        passing = self._pass_s(micro, context_tokens, prefill_tokens, prefill_attention_pairs, prefill_seqs)
+        boundary = estimate_stage_transfer_s(self.setup.gpu, self.arch.hidden_size, heaviest, ACTIVATION_BYTES, eff)
+        # PP-1 hand-offs of hidden states, and the sampled tokens' way back to the first stage (latency only).
+        transfer = (stages - 1) * boundary + np.where(heaviest > 0, eff.stage_transfer_latency_s, 0.0)
+        return passing + transfer + eff.step_overhead_s
+
+    def _pass_s(self, decode: Array, context_tokens: ArrayLike, prefill_tokens: ArrayLike,
+                prefill_attention_pairs: ArrayLike, prefill_seqs: ArrayLike) -> Array:
+        """One batch through every layer on TP ranks, without the per-step overhead."""
         eff = self.setup.efficiency
         gpu = self.setup.gpu
         arch = self.arch
-        decode = np.asarray(decode_seqs, dtype=np.float64)
         prefill = np.asarray(prefill_tokens, dtype=np.float64)
         tokens = decode + prefill
         bandwidth = gpu.hbm_bandwidth_bytes_per_s
@@ -139,7 +178,8 @@ class ReplicaModel:
         comm_s = arch.num_layers * ALLREDUCES_PER_LAYER * estimate_allreduce_s(
             gpu, self.setup.tensor_parallel, message, eff)
         comm_s = np.where(tokens > 0, comm_s, 0.0)
-        return linear_s + decode_attention_s + prefill_attention_s + comm_s + eff.step_overhead_s
+        passing: Array = linear_s + decode_attention_s + prefill_attention_s + comm_s
+        return passing
 
     def decode_step_s(self, batch: ArrayLike, context_tokens: ArrayLike) -> Array:
         return self.step_s(batch, context_tokens)
@@ -193,8 +233,9 @@ def compute_replica_kv_capacity(setup: ServingSetup, max_num_seqs: int,
         setup.token_budget,
         max_num_seqs,
         context_tokens,
+        setup.pipeline_parallel,
     )
 
 
 def replica_weights_bytes_per_gpu(setup: ServingSetup) -> float:
-    return weights_bytes_per_gpu(setup.arch, setup.precision, setup.tensor_parallel)
+    return weights_bytes_per_gpu(setup.arch, setup.precision, setup.tensor_parallel, setup.pipeline_parallel)

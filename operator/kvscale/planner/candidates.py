@@ -1,10 +1,12 @@
-"""Which configurations are worth evaluating: legal TP degrees and the max-num-seqs grid."""
+"""Which configurations are worth evaluating: legal TP and PP degrees and the max-num-seqs grid."""
 
 from __future__ import annotations
 
 from kvscale.catalog.architecture import ModelArchitecture
 
 TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8, 16)
+# Nodes per replica when a replica spans nodes: TP fills each node, PP stages run across them.
+PIPELINE_PARALLEL_DEGREES = (1, 2, 3, 4)
 MAX_NUM_SEQS_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
@@ -27,3 +29,20 @@ def max_num_seqs_options(token_budget: int, pinned: int | None) -> list[int]:
     """Batch caps to try; vLLM requires max_num_batched_tokens >= max_num_seqs."""
     grid = (pinned,) if pinned else MAX_NUM_SEQS_GRID
     return [b for b in grid if b <= token_budget]
+
+
+def parallel_layouts(arch: ModelArchitecture, gpus_per_node: int, pinned_tp: int | None,
+                     pinned_pp: int | None) -> list[tuple[int, int]]:
+    """(TP, PP) pairs to evaluate: every legal TP within one node without PP, and replicas of whole
+    nodes (TP = the largest legal degree within a node) over 2-4 nodes by pipeline parallel. A pinned
+    TP below that spans nodes only when PP is pinned too; each stage needs at least one layer."""
+    tps = tensor_parallel_options(arch, gpus_per_node, pinned_tp)
+    whole_node = tensor_parallel_options(arch, gpus_per_node, None)
+    pps = (pinned_pp,) if pinned_pp else PIPELINE_PARALLEL_DEGREES
+    layouts: list[tuple[int, int]] = []
+    for pp in pps:
+        if pp == 1:
+            layouts += [(tp, 1) for tp in tps]
+        elif tps and pp <= arch.num_layers and (pinned_pp or max(tps) == max(whole_node)):
+            layouts.append((max(tps), pp))
+    return layouts

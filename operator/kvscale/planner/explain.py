@@ -29,12 +29,51 @@ def _money(value: float) -> str:
     return f"${value:,.2f}/h"
 
 
+def _replicas_words(c: Candidate) -> str:
+    """'2 x 8 H100-SXM (TP8' or, for replicas over nodes, '1 x [2 nodes x 8 H100-SXM] (TP 8 within a
+    node, PP 2 across nodes over 400 Gb/s' (the caller closes the parenthesis)."""
+    if c.pipeline_parallel <= 1:
+        return f"{c.replicas} x {c.tensor_parallel} {c.gpu_type} (TP{c.tensor_parallel}"
+    return (f"{c.replicas} x [{c.layout}] (TP {c.tensor_parallel} within a node, PP {c.pipeline_parallel} "
+            f"across nodes over {c.inter_node_gbit_per_s:g} Gb/s per GPU")
+
+
+def _boundaries(count: int) -> str:
+    return f"{count} node boundary" if count == 1 else f"{count} node boundaries"
+
+
+def _why_this_many_nodes(chosen: Candidate, runners_up: Sequence[Candidate], rejected: Sequence[Candidate]) -> str:
+    """Why a replica spans nodes (or does not), when the other kind was on the table."""
+    if chosen.pipeline_parallel > 1:
+        single = [c for c in runners_up if c.pipeline_parallel == 1]
+        if single:
+            best = single[0]
+            if best is runners_up[0]:
+                return "Spanning nodes wins on cost over the best single-node plan (the next best)."
+            return (f"Spanning nodes wins on cost: the best single-node plan, {best.replicas} x {best.layout} "
+                    f"({best.parallelism}), costs {_money(best.cost_per_hour)}.")
+        reasons = [c.rejection for c in rejected if c.pipeline_parallel == 1]
+        why = f": {reasons[-1]}" if reasons else ""
+        return (f"A replica spans {chosen.pipeline_parallel} nodes because no single node serves the model{why}. "
+                f"Layers are split across the nodes (pipeline parallel); each token crosses "
+                f"{_boundaries(chosen.pipeline_parallel - 1)}, which the latencies above include.")
+    multi = [c for c in runners_up if c.pipeline_parallel > 1]
+    if multi:
+        best = multi[0]
+        if best is runners_up[0]:
+            return ("Replicas over several nodes cost more here: pipeline parallel adds memory, not speed per "
+                    "token (the next best).")
+        return (f"Best replica over several nodes: {best.replicas} x [{best.layout}] ({best.parallelism}) at "
+                f"{_money(best.cost_per_hour)}; pipeline parallel adds memory, not speed per token.")
+    return ""
+
+
 def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
                      runners_up: Sequence[Candidate], rejected: Sequence[Candidate]) -> str:
     p = f"p{spec.slo.percentile:g}"
     predicted = chosen.predicted
     parts = [
-        f"{chosen.replicas} x {chosen.tensor_parallel} {chosen.gpu_type} (TP{chosen.tensor_parallel}, "
+        f"{_replicas_words(chosen)}, "
         f"max-num-seqs {chosen.max_num_seqs}, max-model-len {chosen.max_model_len}) for "
         f"{_load_words(spec)} at {_money(chosen.cost_per_hour)}.",
         f"Each replica sustains {chosen.goodput_requests_per_s:.2f} req/s "
@@ -52,10 +91,14 @@ def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
                      "the cheapest configuration that fits wins.")
     else:
         parts.append(f"Binding constraint: {binding}: the replica count follows from each replica's goodput.")
+    nodes = _why_this_many_nodes(chosen, runners_up, rejected)
+    if nodes:
+        parts.append(nodes)
     if runners_up:
         other = runners_up[0]
-        parts.append(f"Next best: {other.replicas} x {other.tensor_parallel} {other.gpu_type} "
-                     f"(TP{other.tensor_parallel}) at {_money(other.cost_per_hour)}.")
+        layout = f"[{other.layout}]" if other.pipeline_parallel > 1 else other.layout
+        parts.append(f"Next best: {other.replicas} x {layout} "
+                     f"({other.parallelism}) at {_money(other.cost_per_hour)}.")
     if rejected:
         parts.append(f"{len(rejected)} configuration(s) rejected, e.g. {rejected[0].rejection}.")
     return " ".join(parts)
@@ -70,7 +113,7 @@ def explain_infeasible(spec: LLMDeploymentSpec, over_bounds: Sequence[Candidate]
         best = over_bounds[0]
         return "replicas", (
             f"No plan within maxReplicas {spec.scaling.max_replicas}: the cheapest needs {best.replicas} x "
-            f"{best.tensor_parallel} {best.gpu_type} (TP{best.tensor_parallel}, {best.goodput_requests_per_s:.2f} "
+            f"{best.layout} ({best.parallelism}, {best.goodput_requests_per_s:.2f} "
             f"req/s per replica) for {_load_words(spec)}. Raise maxReplicas or add GPU types."
         )
     memory = [c for c in rejected if c.rejection.startswith(("does not fit", "maxContextTokens"))]

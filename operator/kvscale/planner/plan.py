@@ -21,7 +21,7 @@ class Predicted:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One evaluated configuration (a GPU type, TP degree and max-num-seqs)."""
+    """One evaluated configuration (a GPU type, TP and PP degrees and max-num-seqs)."""
 
     gpu_type: str
     tensor_parallel: int
@@ -40,25 +40,49 @@ class Candidate:
     tokens_per_dollar: float  # SLO-compliant output tokens per dollar at goodput
     predicted: Predicted | None
     rejection: str = ""  # why this candidate cannot serve; empty when it can
+    pipeline_parallel: int = 1  # stages, one node each: a replica spans this many nodes
+    inter_node_gbit_per_s: float = 0.0  # the network between a replica's nodes, per GPU (PP > 1)
 
     @property
     def feasible(self) -> bool:
         return not self.rejection
 
     @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def nodes_per_replica(self) -> int:
+        return self.pipeline_parallel
+
+    @property
+    def parallelism(self) -> str:
+        """TP8, or TP8 PP2 for a replica over two nodes."""
+        pp = f" PP{self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
+        return f"TP{self.tensor_parallel}{pp}"
+
+    @property
+    def layout(self) -> str:
+        """One replica's GPUs: '8 x H100-SXM', or '2 nodes x 8 H100-SXM' when it spans nodes."""
+        if self.pipeline_parallel <= 1:
+            return f"{self.tensor_parallel} x {self.gpu_type}"
+        return f"{self.pipeline_parallel} nodes x {self.tensor_parallel} {self.gpu_type}"
+
+    @property
     def label(self) -> str:
-        return f"{self.gpu_type} TP{self.tensor_parallel} max-num-seqs {self.max_num_seqs}"
+        return f"{self.gpu_type} {self.parallelism} max-num-seqs {self.max_num_seqs}"
 
 
 @dataclass(frozen=True)
 class CandidateCurve:
-    """Throughput vs TPOT of one GPU type and TP degree as concurrency grows (the goodput chart)."""
+    """Throughput vs TPOT of one GPU type and TP (and PP) degree as concurrency grows (the goodput chart)."""
 
     gpu_type: str
     tensor_parallel: int
     concurrency: tuple[int, ...]
     tpot_ms: tuple[float, ...]
     output_tokens_per_s_per_gpu: tuple[float, ...]
+    pipeline_parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -74,8 +98,8 @@ class Plan:
     ttft_slo_ms: float
     tpot_slo_ms: float
     percentile: float
-    alternatives: tuple[Candidate, ...] = ()  # best feasible candidate of each GPU type and TP, cheapest first
-    rejected: tuple[Candidate, ...] = ()  # one per GPU type and TP that cannot serve, with the reason
+    alternatives: tuple[Candidate, ...] = ()  # best feasible candidate of each GPU type, TP and PP, cheapest first
+    rejected: tuple[Candidate, ...] = ()  # one per GPU type, TP and PP that cannot serve, with the reason
     curves: tuple[CandidateCurve, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +110,8 @@ class Plan:
             "model": self.model,
             "gpu_type": chosen.gpu_type if chosen else None,
             "tensor_parallel": chosen.tensor_parallel if chosen else None,
+            "pipeline_parallel": chosen.pipeline_parallel if chosen else None,
+            "nodes_per_replica": chosen.nodes_per_replica if chosen else None,
             "max_num_seqs": chosen.max_num_seqs if chosen else None,
             "max_model_len": chosen.max_model_len if chosen else None,
             "gpu_memory_utilization": chosen.gpu_memory_utilization if chosen else None,
@@ -99,7 +125,8 @@ class Plan:
             "explanation": self.explanation,
             "predicted": _predicted_dict(chosen.predicted) if chosen and chosen.predicted else None,
             "alternatives": [_candidate_summary(c) for c in self.alternatives],
-            "rejected": [{"gpu_type": c.gpu_type, "tensor_parallel": c.tensor_parallel, "reason": c.rejection}
+            "rejected": [{"gpu_type": c.gpu_type, "tensor_parallel": c.tensor_parallel,
+                          "pipeline_parallel": c.pipeline_parallel, "reason": c.rejection}
                          for c in self.rejected],
         }
         return body
@@ -121,6 +148,7 @@ def _candidate_summary(candidate: Candidate) -> dict[str, Any]:
     return {
         "gpu_type": candidate.gpu_type,
         "tensor_parallel": candidate.tensor_parallel,
+        "pipeline_parallel": candidate.pipeline_parallel,
         "max_num_seqs": candidate.max_num_seqs,
         "replicas": candidate.replicas,
         "gpus": candidate.gpus,

@@ -1,4 +1,7 @@
-"""The search: evaluate every (GPU type, TP, max-num-seqs), keep the cheapest SLO-compliant plan.
+"""The search: evaluate every (GPU type, TP, PP, max-num-seqs), keep the cheapest SLO-compliant plan.
+
+A replica is one node (TP within it) or, for models bigger than a node, whole nodes joined by
+pipeline parallel (TP within each node, PP across nodes); both kinds compete on cost.
 
 Pure: the architecture and GPU specs are resolved by the caller (catalog lookups, config.json files).
 """
@@ -34,10 +37,10 @@ from kvscale.perfmodel.serving import (
     estimate_goodput,
     prompt_strata,
 )
-from kvscale.planner.candidates import max_num_seqs_options, tensor_parallel_options
+from kvscale.planner.candidates import max_num_seqs_options, parallel_layouts
 from kvscale.planner.explain import explain_feasible, explain_infeasible
 from kvscale.planner.plan import Candidate, CandidateCurve, Plan, Predicted
-from kvscale.units import GIB, S_PER_HOUR, ms_to_s, s_to_ms
+from kvscale.units import GIB, S_PER_HOUR, gbit_per_s_to_bytes_per_s, ms_to_s, s_to_ms
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
 _CURVE_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -68,7 +71,10 @@ def build_plan_inputs(spec: LLMDeploymentSpec, config_json: dict[str, Any] | Non
     for name in dict.fromkeys(spec.gpu.types):
         gpu = find_gpu(name)
         override = prices.get(name.lower()) or prices.get(gpu.name.lower())
-        gpus.append(replace(gpu, usd_per_hour=override) if override else gpu)
+        gpu = replace(gpu, usd_per_hour=override) if override else gpu
+        if spec.gpu.inter_node_gbit_per_s is not None:
+            gpu = replace(gpu, inter_node_bytes_per_s=gbit_per_s_to_bytes_per_s(spec.gpu.inter_node_gbit_per_s))
+        gpus.append(gpu)
     return PlanInputs(spec=spec, arch=arch, gpus=tuple(gpus), efficiency=efficiency)
 
 
@@ -76,19 +82,27 @@ def _precision(inputs: PlanInputs) -> Precision:
     return inputs.spec.model.precision or inputs.arch.native_precision
 
 
-def build_serving_setup(inputs: PlanInputs, gpu: GpuSpec, tensor_parallel: int) -> ServingSetup:
-    """The replica configuration the planner evaluates for `gpu` at `tensor_parallel` (and the operator
-    and simulator reuse for the chosen candidate)."""
+def build_serving_setup(inputs: PlanInputs, gpu: GpuSpec, tensor_parallel: int,
+                        pipeline_parallel: int = 1) -> ServingSetup:
+    """The replica configuration the planner evaluates for `gpu` at `tensor_parallel` x `pipeline_parallel`
+    (and the operator and simulator reuse for the chosen candidate)."""
     spec = inputs.spec
     return ServingSetup(arch=inputs.arch, gpu=gpu, tensor_parallel=tensor_parallel, precision=_precision(inputs),
                         kv_cache_dtype=spec.model.kv_cache_dtype,
                         gpu_memory_utilization=spec.serving.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
-                        efficiency=inputs.efficiency)
+                        efficiency=inputs.efficiency, pipeline_parallel=pipeline_parallel)
 
 
 def chosen_setup(inputs: PlanInputs, chosen: Candidate) -> ServingSetup:
     gpu = next(g for g in inputs.gpus if g.name == chosen.gpu_type)
-    return build_serving_setup(inputs, gpu, chosen.tensor_parallel)
+    return build_serving_setup(inputs, gpu, chosen.tensor_parallel, chosen.pipeline_parallel)
+
+
+def replica_words(gpu: GpuSpec, tp: int, pp: int) -> str:
+    """How a replica is laid out: '2 x H100-SXM' or '2 nodes x 8 H100-SXM (TP8 PP2)'."""
+    if pp <= 1:
+        return f"{tp} x {gpu.name}"
+    return f"{pp} nodes x {tp} {gpu.name} (TP{tp} PP{pp})"
 
 
 @dataclass(frozen=True)
@@ -102,12 +116,12 @@ class _Evaluation:
     best_ttft_ms: float
 
 
-def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0) -> Candidate:
+def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0, pp: int = 1) -> Candidate:
     return Candidate(
         gpu_type=gpu.name, tensor_parallel=tp, max_num_seqs=0, max_model_len=0, gpu_memory_utilization=0.0,
         kv_cache_tokens=0, weights_bytes_per_gpu=weights, usd_per_gpu_hour=gpu.usd_per_hour,
         goodput_requests_per_s=0.0, goodput_output_tokens_per_s=0.0, binding="", replicas=0, gpus=0,
-        cost_per_hour=0.0, tokens_per_dollar=0.0, predicted=None, rejection=reason,
+        cost_per_hour=0.0, tokens_per_dollar=0.0, predicted=None, rejection=reason, pipeline_parallel=pp,
     )
 
 
@@ -148,16 +162,18 @@ def _replicas_for(spec: LLMDeploymentSpec, goodput_rps: float) -> int:
     return max(needed, spec.scaling.min_replicas)
 
 
-def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
+def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1) -> _Evaluation:
     spec = inputs.spec
     arch = inputs.arch
     quantile = spec.slo.percentile / 100.0
     shape = planned_shape(spec)
-    setup = build_serving_setup(inputs, gpu, tp)
+    setup = build_serving_setup(inputs, gpu, tp, pp)
     utilization = setup.gpu_memory_utilization
+    where = replica_words(gpu, tp, pp)
+    per_replica = tp * pp
     batches = max_num_seqs_options(setup.token_budget, spec.serving.max_num_seqs)
     if not batches:
-        return _Evaluation(None, _reject(gpu, tp, f"max-num-seqs above the token budget {setup.token_budget}"),
+        return _Evaluation(None, _reject(gpu, tp, f"max-num-seqs above the token budget {setup.token_budget}", pp=pp),
                            None, math.inf, math.inf)
     model = build_replica_model(setup)
     capacities = [compute_replica_kv_capacity(setup, b, shape.mean_context_tokens) for b in batches]
@@ -170,22 +186,22 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
         if held != batches:
             batches = held
             capacities = [compute_replica_kv_capacity(setup, b, shape.mean_context_tokens) for b in batches]
-    fits_len = [max_model_len_that_fits(arch, c, setup.kv_cache_dtype, tp) for c in capacities]
+    fits_len = [max_model_len_that_fits(arch, c, setup.kv_cache_dtype, tp, pp) for c in capacities]
     wanted_len = spec.workload.max_context_tokens or arch.max_context_tokens
     weights = capacities[0].weights_bytes
     usable_gib = (gpu.memory_bytes * utilization - capacities[0].activation_bytes - capacities[0].reserve_bytes) / GIB
     if fits_len[0] < shape.input_tokens + shape.output_tokens:
         return _Evaluation(None, _reject(
             gpu, tp,
-            f"does not fit on {tp} x {gpu.name}: {weights / GIB:.1f} GiB of weights per GPU leave no room "
+            f"does not fit on {where}: {weights / GIB:.1f} GiB of weights per GPU leave no room "
             f"for the KV cache of one {int(shape.input_tokens + shape.output_tokens)}-token request "
-            f"({usable_gib:.1f} GiB usable per GPU at gpu-memory-utilization {utilization})", weights),
+            f"({usable_gib:.1f} GiB usable per GPU at gpu-memory-utilization {utilization})", weights, pp),
             None, math.inf, math.inf)
     if spec.workload.max_context_tokens and fits_len[0] < spec.workload.max_context_tokens:
         return _Evaluation(None, _reject(
             gpu, tp,
-            f"maxContextTokens {spec.workload.max_context_tokens} does not fit on {tp} x {gpu.name}: at most "
-            f"{fits_len[0]} tokens of KV cache remain after {weights / GIB:.1f} GiB of weights per GPU", weights),
+            f"maxContextTokens {spec.workload.max_context_tokens} does not fit on {where}: at most "
+            f"{fits_len[0]} tokens of KV cache remain after {weights / GIB:.1f} GiB of weights per GPU", weights, pp),
             None, math.inf, math.inf)
 
     kv_tokens = np.array([c.tokens for c in capacities], dtype=np.float64)
@@ -198,12 +214,12 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
     # Largest goodput wins; on ties the smaller batch cap (less memory pressure, lower tail latency).
     order = sorted(range(len(batches)), key=lambda i: (-round(float(goodput.request_rate[i]), 9), batches[i]))
     i = order[0]
-    curve = _curve(model, shape, gpu, tp, int(np.max(slots)))
+    curve = _curve(model, shape, gpu, tp, int(np.max(slots)), pp)
     rate = float(goodput.request_rate[i])
     if rate <= 0.0:
-        reason = (f"SLO unreachable on {tp} x {gpu.name}: best p{spec.slo.percentile:g} TPOT "
+        reason = (f"SLO unreachable on {where}: best p{spec.slo.percentile:g} TPOT "
                   f"{best_tpot_ms:.1f} ms and TTFT {best_ttft_ms:.0f} ms at a trickle of load")
-        return _Evaluation(None, _reject(gpu, tp, reason, weights), curve, best_tpot_ms, best_ttft_ms)
+        return _Evaluation(None, _reject(gpu, tp, reason, weights, pp), curve, best_tpot_ms, best_ttft_ms)
 
     binding = str(goodput.binding[i])
     if binding == "capacity":
@@ -212,7 +228,7 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
     load_rate = spec.workload.requests_per_second / replicas if replicas else 0.0
     at_load = estimate_at_rate(model, shape, max(load_rate, 1e-6), slots[i], quantile)
     fleet_tokens = spec.workload.requests_per_second * shape.output_tokens
-    gpus_total = replicas * tp
+    gpus_total = replicas * per_replica
     predicted = Predicted(
         ttft_ms=s_to_ms(float(at_load.ttft_quantile_s)),
         tpot_ms=s_to_ms(float(at_load.tpot_quantile_s)),
@@ -238,13 +254,16 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int) -> _Evaluation:
         replicas=replicas,
         gpus=gpus_total,
         cost_per_hour=gpus_total * gpu.usd_per_hour,
-        tokens_per_dollar=goodput_tokens * S_PER_HOUR / (tp * gpu.usd_per_hour),
+        tokens_per_dollar=goodput_tokens * S_PER_HOUR / (per_replica * gpu.usd_per_hour),
         predicted=predicted,
+        pipeline_parallel=pp,
+        inter_node_gbit_per_s=gpu.inter_node_gbit_per_s if pp > 1 else 0.0,
     )
     return _Evaluation(best, None, curve, best_tpot_ms, best_ttft_ms)
 
 
-def _curve(model: ReplicaModel, shape: RequestShape, gpu: GpuSpec, tp: int, max_slots: int) -> CandidateCurve:
+def _curve(model: ReplicaModel, shape: RequestShape, gpu: GpuSpec, tp: int, max_slots: int,
+           pp: int = 1) -> CandidateCurve:
     concurrency = tuple(c for c in _CURVE_CONCURRENCY if c <= max(max_slots, 1))
     est = estimate_at_concurrency(model, shape, np.array(concurrency, dtype=np.float64))
     return CandidateCurve(
@@ -252,12 +271,14 @@ def _curve(model: ReplicaModel, shape: RequestShape, gpu: GpuSpec, tp: int, max_
         tensor_parallel=tp,
         concurrency=concurrency,
         tpot_ms=tuple(float(v) * 1e3 for v in est.tpot_mean_s),
-        output_tokens_per_s_per_gpu=tuple(float(v) for v in est.output_tokens_per_s / tp),
+        output_tokens_per_s_per_gpu=tuple(float(v) for v in est.output_tokens_per_s / (tp * pp)),
+        pipeline_parallel=pp,
     )
 
 
-def _rank_key(candidate: Candidate) -> tuple[float, float, int]:
-    return (candidate.cost_per_hour, -candidate.tokens_per_dollar, candidate.gpus)
+def _rank_key(candidate: Candidate) -> tuple[float, int, float, int]:
+    """Cheapest first; at equal cost fewer nodes per replica (no inter-node hops to depend on)."""
+    return (candidate.cost_per_hour, candidate.pipeline_parallel, -candidate.tokens_per_dollar, candidate.gpus)
 
 
 def plan_deployment(inputs: PlanInputs) -> Plan:
@@ -267,18 +288,23 @@ def plan_deployment(inputs: PlanInputs) -> Plan:
         raise PlanningError("no candidate GPU types")
     evaluations: list[_Evaluation] = []
     pinned_tp = spec.serving.tensor_parallel
+    pinned_pp = spec.serving.pipeline_parallel
     for gpu in inputs.gpus:
         per_node = min(spec.gpu.per_node, gpu.max_gpus_per_node)
-        options = tensor_parallel_options(inputs.arch, per_node, pinned_tp)
-        if not options:
+        layouts = parallel_layouts(inputs.arch, per_node, pinned_tp, pinned_pp)
+        if not layouts:
             if pinned_tp and pinned_tp > per_node:
-                reason = f"tensorParallel {pinned_tp} exceeds {per_node} GPUs per node"
+                reason = (f"tensorParallel {pinned_tp} exceeds {per_node} GPUs per node (a replica larger than "
+                          f"a node uses pipeline parallel across nodes: leave tensorParallel unpinned)")
+            elif pinned_pp and pinned_pp > inputs.arch.num_layers:
+                reason = f"pipelineParallel {pinned_pp} exceeds the model's {inputs.arch.num_layers} layers"
             else:
                 reason = (f"no legal tensor-parallel degree <= {per_node} for {inputs.arch.num_attention_heads} "
                           f"attention / {inputs.arch.num_kv_heads} KV heads")
-            evaluations.append(_Evaluation(None, _reject(gpu, pinned_tp or 0, reason), None, math.inf, math.inf))
+            evaluations.append(_Evaluation(None, _reject(gpu, pinned_tp or 0, reason, pp=pinned_pp or 1), None,
+                                           math.inf, math.inf))
             continue
-        evaluations.extend(_evaluate(inputs, gpu, tp) for tp in options)
+        evaluations.extend(_evaluate(inputs, gpu, tp, pp) for tp, pp in layouts)
 
     feasible = sorted((e.best for e in evaluations if e.best is not None), key=_rank_key)
     within_bounds = [c for c in feasible if c.replicas <= spec.scaling.max_replicas]
@@ -316,7 +342,7 @@ def _where_best(evaluations: Sequence[_Evaluation], which: str) -> str:
         return ""
     _, best = min(scored, key=lambda item: item[0])
     source = best.best or best.rejection
-    return f"{source.gpu_type} TP{source.tensor_parallel} batch 1" if source else ""
+    return f"{source.gpu_type} {source.parallelism} batch 1" if source else ""
 
 
 def _plan_binding(spec: LLMDeploymentSpec, chosen: Candidate) -> str:

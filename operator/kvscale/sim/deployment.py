@@ -61,6 +61,7 @@ def build_simulated_deployment(inputs: PlanInputs,
     gpu = next(g for g in inputs.gpus if g.name == chosen.gpu_type)
     spec = inputs.spec
     setup = ServingSetup(arch=inputs.arch, gpu=gpu, tensor_parallel=chosen.tensor_parallel,
+                         pipeline_parallel=chosen.pipeline_parallel,
                          precision=spec.model.precision or inputs.arch.native_precision,
                          kv_cache_dtype=spec.model.kv_cache_dtype,
                          gpu_memory_utilization=chosen.gpu_memory_utilization, efficiency=inputs.efficiency)

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from kvscale.api.conditions import (
     ConditionType,
+    Reason,
     build_plan_status,
     build_predicted_status,
     find_condition,
@@ -205,6 +206,8 @@ def desire(world: World, default_prices: Mapping[str, float]) -> Intent:
         return _invalid(run, str(exc))
     if not plan.feasible or plan.chosen is None:
         return _infeasible(run, plan)
+    if plan.chosen.pipeline_parallel > 1:
+        return _multi_node(run, plan, plan.chosen)
     return _planned(run, spec, inputs, plan, plan.chosen)
 
 
@@ -240,6 +243,32 @@ def _infeasible(run: _Pass, plan: Plan) -> Intent:
     if condition_changed(run.previous, status, ConditionType.INFEASIBLE):
         events.append(EventRecord("Warning", EventReason.INFEASIBLE.value,
                                   plan.explanation + " Relax the SLO, add GPU types or lower the workload."))
+    return Intent(status=status, events=tuple(events))
+
+
+def multi_node_message(chosen: Candidate) -> str:
+    """Ready's message while the plan's replicas span nodes, which the operator cannot run yet."""
+    pp = chosen.pipeline_parallel
+    return (f"The plan needs {pp} nodes per replica ({chosen.layout}: TP{chosen.tensor_parallel} within a node, "
+            f"PP{pp} across nodes); kvscale cannot run a replica across nodes yet (LeaderWorkerSet support is "
+            "planned), so it creates no Deployment and leaves an existing one as it is. To serve now: pin "
+            "spec.serving.pipelineParallel: 1 with a smaller precision (e.g. fp8) or larger GPUs in spec.gpu.types, "
+            f"or run the plan yourself (e.g. a LeaderWorkerSet with vLLM --tensor-parallel-size "
+            f"{chosen.tensor_parallel} --pipeline-parallel-size {pp}).")
+
+
+def _multi_node(run: _Pass, plan: Plan, chosen: Candidate) -> Intent:
+    """A feasible plan whose replicas span nodes: shown in status (plan and predictions), nothing written,
+    Ready False with MultiNodeNotYetSupported, one Warning event when that starts."""
+    conditions = run.condition(_plan_conditions(run, plan), ConditionType.READY, ConditionStatus.FALSE,
+                               Reason.MULTI_NODE_NOT_YET_SUPPORTED, multi_node_message(chosen))
+    status = run.base.model_copy(update={"plan": build_plan_status(plan), "predicted": build_predicted_status(plan),
+                                         "conditions": _only(conditions, _INFEASIBLE)})
+    ready = find_condition(run.previous.conditions, ConditionType.READY) if run.previous else None
+    events = []
+    if ready is None or ready.reason != Reason.MULTI_NODE_NOT_YET_SUPPORTED:
+        events.append(EventRecord("Warning", EventReason.MULTI_NODE_NOT_YET_SUPPORTED.value,
+                                  multi_node_message(chosen)))
     return Intent(status=status, events=tuple(events))
 
 

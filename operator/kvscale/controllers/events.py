@@ -8,6 +8,7 @@ from enum import StrEnum
 class EventReason(StrEnum):
     PLANNED = "Planned"
     INFEASIBLE = "Infeasible"
+    MULTI_NODE_NOT_YET_SUPPORTED = "MultiNodeNotYetSupported"
     INVALID_SPEC = "InvalidSpec"
     DEPLOYMENT_CREATED = "DeploymentCreated"
     DEPLOYMENT_UPDATED = "DeploymentUpdated"

@@ -91,6 +91,10 @@ def _metadata(owner: Owner, spec: LLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
+class MultiNodeNotSupportedError(ValueError):
+    """The plan's replicas span nodes; only single-node replicas have a builder so far."""
+
+
 def build_engine_launch(spec: LLMDeploymentSpec, chosen: Candidate, native_precision: Precision) -> EngineLaunch:
     return EngineLaunch(
         engine=spec.serving.engine,
@@ -203,7 +207,12 @@ def build_deployment(
 
     `gpu` is the catalog entry of `chosen.gpu_type` (node label, device resource);
     `native_precision` is the checkpoint's, to tell whether the engine must quantize on load.
+    A replica over several nodes (pipeline parallel) is not one pod: refused (MultiNodeNotSupportedError).
     """
+    if chosen.pipeline_parallel > 1:
+        raise MultiNodeNotSupportedError(
+            f"a replica of {chosen.layout} spans {chosen.pipeline_parallel} nodes: a single-pod Deployment "
+            "cannot run it")
     launch = build_engine_launch(spec, chosen, native_precision)
     pod_spec = build_pod_spec(spec, launch, gpu, grace_for(spec, chosen))
     return {

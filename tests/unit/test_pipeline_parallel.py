@@ -160,14 +160,20 @@ def test_405b_bf16_on_h100_plans_two_nodes_per_replica() -> None:
     assert " PP" in render_plan("llama-405b", plan)
 
 
-def test_70b_on_four_gpu_l40s_nodes_weighs_one_node_against_two() -> None:
-    plan = plan_deployment(build_plan_inputs(_example("llama-3.1-70b-l40s.yaml")))
+def test_70b_on_four_gpu_l40s_nodes_is_one_node_and_two_cost_more() -> None:
+    spec = _example("llama-3.1-70b-l40s.yaml")
+    plan = plan_deployment(build_plan_inputs(spec))
     assert plan.feasible and plan.chosen is not None
-    assert plan.chosen.tensor_parallel <= 4
-    layouts = {(c.tensor_parallel, c.pipeline_parallel) for c in plan.alternatives}
-    assert (4, 1) in layouts and (4, 2) in layouts
-    cheapest = min(plan.alternatives, key=lambda c: c.cost_per_hour)
-    assert plan.chosen.cost_per_hour == cheapest.cost_per_hour
+    assert (plan.chosen.tensor_parallel, plan.chosen.pipeline_parallel) == (4, 1)
+    # TPOT binds on one node; PP adds memory, not speed, so two nodes are not even tried ...
+    assert plan.chosen.binding == "tpot"
+    assert all(c.pipeline_parallel == 1 for c in (*plan.alternatives, *plan.rejected))
+    # ... and pinned, they serve the same load at a higher price.
+    pinned = spec.model_copy(update={"serving": spec.serving.model_copy(update={"pipeline_parallel": 2})})
+    two = plan_deployment(build_plan_inputs(pinned))
+    assert two.chosen is not None and (two.chosen.tensor_parallel, two.chosen.pipeline_parallel) == (4, 2)
+    assert two.chosen.cost_per_hour > plan.chosen.cost_per_hour
+    assert "2 nodes x 4 L40S" in two.explanation and "over 50 Gb/s" in two.explanation
 
 
 def test_deepseek_r1_bf16_spans_more_than_two_h100_nodes() -> None:

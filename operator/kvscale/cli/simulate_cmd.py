@@ -194,8 +194,9 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     deployment = load_deployment(Path(args.file))
     trace = load_trace(args.trace)
-    if args.cluster_gpus is not None and args.cluster_gpus < deployment.tensor_parallel:
-        raise InvalidSpecError(f"--cluster-gpus {args.cluster_gpus} holds no replica of TP{deployment.tensor_parallel}")
+    if args.cluster_gpus is not None and args.cluster_gpus < deployment.gpus_per_replica:
+        raise InvalidSpecError(
+            f"--cluster-gpus {args.cluster_gpus} holds no replica of {deployment.chosen.parallelism}")
     if args.forecaster:
         deployment = with_forecaster(deployment, ForecastMode(args.forecaster))
     from kvscale.sim.server import SERVER_FORMS

@@ -53,8 +53,9 @@ def _why_this_many_nodes(chosen: Candidate, runners_up: Sequence[Candidate], rej
             return (f"Spanning nodes wins on cost: the best single-node plan, {best.replicas} x {best.layout} "
                     f"({best.parallelism}), costs {_money(best.cost_per_hour)}.")
         reasons = [c.rejection for c in rejected if c.pipeline_parallel == 1]
-        why = f": {reasons[-1]}" if reasons else ""
-        return (f"A replica spans {chosen.pipeline_parallel} nodes because no single node serves the model{why}. "
+        why = (f"because no single node serves the model: {reasons[-1]}" if reasons
+               else "as spec.serving.pipelineParallel pins it")
+        return (f"A replica spans {chosen.pipeline_parallel} nodes {why}. "
                 f"Layers are split across the nodes (pipeline parallel); each token crosses "
                 f"{_boundaries(chosen.pipeline_parallel - 1)}, which the latencies above include.")
     multi = [c for c in runners_up if c.pipeline_parallel > 1]

@@ -262,6 +262,19 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1) -> _Evalua
     return _Evaluation(best, None, curve, best_tpot_ms, best_ttft_ms)
 
 
+def _evaluate_layouts(inputs: PlanInputs, gpu: GpuSpec, layouts: Sequence[tuple[int, int]],
+                      pinned: bool) -> list[_Evaluation]:
+    """Single-node layouts first, then more nodes per replica only while they can pay: pipeline
+    parallel adds memory, not speed per token (or per GPU), so a replica spans one node more only
+    when the best layout so far does not fit or is held back by its KV cache (binding: memory)."""
+    done = [_evaluate(inputs, gpu, tp, pp) for tp, pp in layouts if pp == 1]
+    for tp, pp in (layout for layout in layouts if layout[1] > 1):
+        feasible = sorted((e.best for e in done if e.best is not None), key=_rank_key)
+        if pinned or not feasible or feasible[0].binding == "memory":
+            done.append(_evaluate(inputs, gpu, tp, pp))
+    return done
+
+
 def _curve(model: ReplicaModel, shape: RequestShape, gpu: GpuSpec, tp: int, max_slots: int,
            pp: int = 1) -> CandidateCurve:
     concurrency = tuple(c for c in _CURVE_CONCURRENCY if c <= max(max_slots, 1))
@@ -304,7 +317,7 @@ def plan_deployment(inputs: PlanInputs) -> Plan:
             evaluations.append(_Evaluation(None, _reject(gpu, pinned_tp or 0, reason, pp=pinned_pp or 1), None,
                                            math.inf, math.inf))
             continue
-        evaluations.extend(_evaluate(inputs, gpu, tp, pp) for tp, pp in layouts)
+        evaluations.extend(_evaluate_layouts(inputs, gpu, layouts, pinned_pp is not None))
 
     feasible = sorted((e.best for e in evaluations if e.best is not None), key=_rank_key)
     within_bounds = [c for c in feasible if c.replicas <= spec.scaling.max_replicas]

@@ -38,6 +38,11 @@ class SimulatedDeployment:
         return self.setup.tensor_parallel
 
     @property
+    def gpus_per_replica(self) -> int:
+        """TP x PP: a replica over several nodes holds all their GPUs."""
+        return self.setup.gpus
+
+    @property
     def max_num_seqs(self) -> int:
         return self.chosen.max_num_seqs
 
@@ -47,7 +52,7 @@ class SimulatedDeployment:
 
     @property
     def label(self) -> str:
-        return (f"{self.plan.model} on {self.tensor_parallel} x {self.setup.gpu.name} (TP{self.tensor_parallel}, "
+        return (f"{self.plan.model} on {self.gpus_per_replica} x {self.setup.gpu.name} ({self.chosen.parallelism}, "
                 f"max-num-seqs {self.max_num_seqs}, max-model-len {self.max_model_len})")
 
 

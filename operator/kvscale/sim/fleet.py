@@ -65,7 +65,7 @@ class _Fleet:
     @property
     def replica_slots(self) -> int | None:
         gpus = self.config.cluster_gpus
-        return None if gpus is None else gpus // self.deployment.tensor_parallel
+        return None if gpus is None else gpus // self.deployment.gpus_per_replica
 
     @property
     def alive(self) -> int:
@@ -198,7 +198,7 @@ def simulate(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPolic
     for replica in [*fleet.ready, *fleet.draining, *fleet.starting]:
         replica.stopped_s = end
     gpu_s = float(sum(((r.stopped_s if r.stopped_s is not None else end) - r.started_s)
-                      for r in fleet.all_replicas())) * deployment.tensor_parallel
+                      for r in fleet.all_replicas())) * deployment.gpus_per_replica
     busy_s = float(sum(r.busy_s for r in fleet.all_replicas()))
     return summarize(deployment, trace, policy, log, timeline, gpu_s=gpu_s, busy_replica_s=busy_s,
                      simulated_s=end, replicas_created=fleet.created,

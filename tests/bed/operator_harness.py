@@ -84,7 +84,10 @@ class OperatorProcess:
 
 def install_crd(kube: Kube) -> None:
     kube.kubectl("apply", "-f", str(CRD), check=True)
-    kube.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.kvscale.dev", "--timeout=60s", check=True)
+    # On a bed that has just come up, `kubectl wait` can fail at once (its discovery of the
+    # CustomResourceDefinition type races the apiserver's first seconds): a failed wait is "not yet".
+    wait_until(lambda: kube.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.kvscale.dev",
+                                    "--timeout=10s").returncode == 0, 60, "the LLMDeployment CRD Established")
 
 
 @contextmanager

@@ -96,3 +96,14 @@ def test_gaps_are_filled_and_late_samples_ignored() -> None:
     state = ForecastState().observe(T0, 2.0).observe(T0 + 10 * BUCKET_S, 3.0)
     assert state.holt_winters.buckets_seen == 10  # nine empty minutes carried the last rate
     assert state.observe(T0 + 5 * BUCKET_S, 100.0) == state  # older than the open bucket
+
+
+def test_a_few_minutes_of_a_ramp_give_its_trend_as_after_a_restart_half_way_up() -> None:
+    # An operator restarted half-way up a ramp is seeded with the few minutes Prometheus kept: Holt's
+    # trend must start at the ramp's slope, not at zero (it would then take some ten minutes to see it).
+    slope_per_min = 1.4
+    state = _fed(1.0 + slope_per_min * np.arange(4), horizon_s=120.0)  # three closed minutes, one open
+    forecast = state.forecast(Forecaster.HOLT_WINTERS)
+    assert forecast.rise_per_s == pytest.approx(2 * slope_per_min, rel=0.05)
+    flat = _fed(np.full(4, 3.0), horizon_s=120.0).forecast(Forecaster.HOLT_WINTERS)
+    assert flat.rise_per_s == pytest.approx(0.0, abs=1e-9)

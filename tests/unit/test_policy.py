@@ -423,3 +423,37 @@ def test_a_tpot_percentile_below_resolution_falls_back_to_the_mean() -> None:
     assert "mean TPOT (p95 below the histogram's resolution) 9.5 ms > SLO 8" in decision.reason
     fast = replace(slow, tpot_mean_s=0.004)  # the percentile may still be under 10 ms: no breach is known
     assert decide(fast, context, ScalingHistory(), NOW).binding != "tpot"
+
+
+def test_no_scale_down_while_the_load_rises_and_down_once_it_is_flat() -> None:
+    # Ten replicas (a breach's correction, say) over a load that climbs from 1 to 3 goodputs in ten
+    # minutes: demand asks for fewer, but a replica removed now must be started again a start-up later.
+    context = replace(_context(current=10, max_replicas=200), forecaster=Forecaster.HOLT_WINTERS)
+    goodput = _goodput(context)
+    history = ScalingHistory()
+    for step, t in enumerate(range(-600, 1, 15)):
+        decision = decide(_load((1 + step / 20) * goodput, at=NOW + t), context, history, NOW + t)
+        history = decision.history
+    assert decision.recommended_replicas < 10, decision.reason
+    assert decision.action == "hold" and decision.binding == "trend", decision.reason
+    assert "no scale-down while the load rises" in decision.reason
+    # The same replicas over a flat load of the ramp's end scale down after the window.
+    flat = ScalingHistory()
+    for t in range(-600, 1, 15):
+        steady = decide(_load(3 * goodput, at=NOW + t), context, flat, NOW + t)
+        flat = steady.history
+    assert steady.action == "scale-down", steady.reason
+
+
+def test_windows_with_a_replica_starting_teach_the_tails_and_queued_ones_do_not() -> None:
+    # A starting replica serves no /metrics yet: the window's per-pod figures are the serving pods', so a
+    # ramp (replicas always starting) still teaches the tail factors. A queue's percentiles measure the
+    # backlog (the policy's queue term), not the servers.
+    starting = replace(_context(current=4), ready_replicas=2)
+    window = replace(_load(1.0), mean_running_requests=8.0, tpot_mean_s=0.02, ttft_s=3.0)
+    assert build_calibration_sample(starting, window, prefill_mean_s=0.3).steady
+    queued = build_calibration_sample(starting, replace(window, waiting_requests=5.0), prefill_mean_s=0.3)
+    assert not queued.steady
+    learned = calibrate(Calibration(), starting.setup, build_calibration_sample(starting, window, prefill_mean_s=0.3))
+    assert learned.ttft_tail_factor > 1.0
+    assert calibrate(Calibration(), starting.setup, queued).ttft_tail_factor == 1.0

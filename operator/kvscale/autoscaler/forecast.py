@@ -34,6 +34,11 @@ LEVEL_SMOOTHING = 0.3
 TREND_SMOOTHING = 0.1
 TREND_DAMPING = 0.99  # per bucket: a trend is believed for tens of minutes, not for hours
 SEASON_SMOOTHING = 0.2
+# Holt's start (the textbook one, not tuned): level and trend are the least-squares line through the
+# first buckets, then the recursion. Started at a zero trend instead, TREND_SMOOTHING needs some ten
+# buckets to see a ramp, and an operator restarted half-way up one (seeded with a few minutes of
+# history) would size for a flat load while the ramp climbs.
+TREND_START_BUCKETS = 4
 BURST_ENVELOPE_BUCKETS = 10
 PINBALL_QUANTILE = 0.8
 # The rolling backtest forgets with this weight per scored bucket (a memory of about two hours).
@@ -77,6 +82,8 @@ class _HoltWinters:
             if len(first_day) == SEASON_BUCKETS:  # a whole day seen: its shape around its mean is the season
                 mean = sum(first_day) / SEASON_BUCKETS
                 season, first_day = tuple(v - mean for v in first_day), ()
+        if not season and 0 < len(first_day) <= TREND_START_BUCKETS:
+            level, trend = _least_squares_end(first_day)
         return _HoltWinters(level=level, trend=trend, season=season, buckets_seen=self.buckets_seen + 1,
                             first_day=first_day)
 
@@ -86,6 +93,15 @@ class _HoltWinters:
         damped = sum(TREND_DAMPING ** k for k in range(1, ahead + 1))  # 0 ahead: the smoothed present
         seasonal = self.season[(self.buckets_seen + ahead - 1) % SEASON_BUCKETS] if self.season else 0.0
         return max(0.0, self.level + damped * self.trend + seasonal)
+
+
+def _least_squares_end(values: tuple[float, ...]) -> tuple[float, float]:
+    """(value at the last point, slope per bucket) of the least-squares line through `values`."""
+    n = len(values)
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    spread = sum((x - mean_x) ** 2 for x in range(n))
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values)) / spread if spread else 0.0
+    return mean_y + slope * (n - 1 - mean_x), slope
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ of seconds end before a new replica is Ready, so a burst's demand stands for the
 (only where the peak was a burst: a steady demand is not held twice). Breaches of
 the observed percentile TTFT/TPOT beyond a 10% tolerance or a growing queue add replicas. Scale-up
 is fast (its stabilization window defaults to zero) and bounded per step; scale-down waits for its
-window and then steps down gently. Missing, stale or implausible metrics never scale down. The
+window and then steps down gently, and not at all while the load climbs. Missing, stale or implausible
+metrics never scale down. The
 operator (in Auto or Recommend mode) and the simulator call this same function.
 """
 
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 import numpy as np
 
 from kvscale.api.spec import ForecastMode, LLMDeploymentSpec
 from kvscale.autoscaler.calibration import Calibration, CalibrationSample
 from kvscale.autoscaler.engine_work import EngineWork
-from kvscale.autoscaler.forecast import Forecast, Forecaster, ForecastState
+from kvscale.autoscaler.forecast import BUCKET_S, Forecast, Forecaster, ForecastState
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
 from kvscale.planner.search import planned_shape
@@ -50,6 +52,9 @@ DEMAND_MEMORY_S = 2 * REPLICA_STARTUP_S
 # passing queue, which the burst term sizes for; counting it as a shortfall of replicas each time
 # ratchets the fleet up, window after window, for the length of the scale-down window.
 BREACH_TOLERANCE = 0.1
+# A load rises (and no replica goes) while Holt's trend expects a rise beyond noise and each of the last
+# this many closed minutes was busier than the one before: a trend alone outlives the rise that set it.
+RISING_BUCKETS = 3
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ class ScaleDecision:
     recommended_replicas: int
     reason: str
     action: str  # scale-up, scale-down, hold
-    binding: str  # demand, ttft, tpot, queue, min-replicas, max-replicas, capacity, metrics, stabilization
+    binding: str  # demand, ttft, tpot, queue, min-replicas, max-replicas, capacity, metrics, stabilization, trend
     metrics_problem: str | None = None
     capacity_limited: bool = False
     goodput_requests_per_s: float | None = None  # per replica, calibrated
@@ -169,7 +174,7 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
 def build_calibration_sample(context: ReplicaContext, observation: Observation, *,
                              prefill_mean_s: float | None) -> CalibrationSample:
     """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
-    nothing queues and no replica is starting. The operator and the simulator both build it here."""
+    nothing queues. The operator and the simulator both build it here."""
     pods = max(observation.pods_scraped, 1)
     # The batch the window's tokens were decoded at: its mean over the window; one instant's gauge
     # only where the mean is missing.
@@ -191,8 +196,10 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
         tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
         prefill_mean_s=prefill_mean_s, bursty=bursty,
-        steady=(observation.waiting_requests or 0.0) / pods < 1.0
-        and context.ready_replicas >= context.current_replicas,
+        # A replica still starting is not scraped (vLLM serves /metrics once its model is loaded), so
+        # the per-pod figures are the serving pods' own: a ramp, whose replicas are always starting,
+        # teaches the tails too.
+        steady=(observation.waiting_requests or 0.0) / pods < 1.0,
         prefix_cache_hit_rate=observation.prefix_cache_hit_rate, engine_work=_engine_work(observation))
 
 
@@ -260,6 +267,18 @@ def _expected_arrivals(arrivals: float, forecast: Forecast, forecasts: ForecastS
     MAX_FORECAST_GROWTH times the recent load."""
     ceiling = MAX_FORECAST_GROWTH * max(arrivals, forecasts.recent_peak)
     return max(arrivals, min(arrivals + forecast.rise_per_s, ceiling))
+
+
+def _trend_rise(forecasts: ForecastState, arrivals: float) -> float | None:
+    """The rise in arrivals/s Holt's trend expects by the horizon where it exceeds the noise of counting
+    a minute's arrivals; else None. Whatever forecaster sizes demand, a replica removed while the load
+    climbs is one to start again a start-up later (a breach's correction, once the breach clears, would
+    otherwise be taken back half-way up a ramp)."""
+    rise = forecasts.forecast(Forecaster.HOLT_WINTERS).rise_per_s
+    noise = max(POISSON_PEAK_SIGMAS * math.sqrt(max(arrivals, 0.0) / BUCKET_S), 1.0 / BUCKET_S)
+    recent = forecasts.recent[-RISING_BUCKETS:]
+    climbing = len(recent) == RISING_BUCKETS and all(b > a for a, b in pairwise(recent))
+    return rise if rise > noise and climbing else None
 
 
 def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
@@ -366,12 +385,19 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     elif recommended < current:
         window = history.within(now_s, spec.scaling.scale_down_stabilization_seconds)
         known_since = history.started_at_s if history.started_at_s is not None else now_s
+        rise = _trend_rise(history.forecasts, arrivals)
         if now_s - known_since < spec.scaling.scale_down_stabilization_seconds:
             desired = current  # after a restart, a full window must be seen before scaling down
+        elif rise is not None:
+            desired = current
+            reasons.append(f"no scale-down while the load rises (trend +{rise:.2f} req/s in "
+                           f"{forecast.horizon_s:.0f} s)")
         else:
             desired = min(current, max(window))  # HPA: the highest recommendation of the down-window
         desired = max(desired, current - max(1, math.floor(current * MAX_SCALE_DOWN_FRACTION)))
-        if desired == current:
+        if desired == current and rise is not None:
+            binding = "trend"
+        elif desired == current:
             binding = "stabilization"
             reasons.append(f"scale-down waits for the {spec.scaling.scale_down_stabilization_seconds} s window")
 

@@ -444,16 +444,3 @@ def test_no_scale_down_while_the_load_rises_and_down_once_it_is_flat() -> None:
         flat = steady.history
     assert steady.action == "scale-down", steady.reason
 
-
-def test_windows_with_a_replica_starting_teach_the_tails_and_queued_ones_do_not() -> None:
-    # A starting replica serves no /metrics yet: the window's per-pod figures are the serving pods', so a
-    # ramp (replicas always starting) still teaches the tail factors. A queue's percentiles measure the
-    # backlog (the policy's queue term), not the servers.
-    starting = replace(_context(current=4), ready_replicas=2)
-    window = replace(_load(1.0), mean_running_requests=8.0, tpot_mean_s=0.02, ttft_s=3.0)
-    assert build_calibration_sample(starting, window, prefill_mean_s=0.3).steady
-    queued = build_calibration_sample(starting, replace(window, waiting_requests=5.0), prefill_mean_s=0.3)
-    assert not queued.steady
-    learned = calibrate(Calibration(), starting.setup, build_calibration_sample(starting, window, prefill_mean_s=0.3))
-    assert learned.ttft_tail_factor > 1.0
-    assert calibrate(Calibration(), starting.setup, queued).ttft_tail_factor == 1.0

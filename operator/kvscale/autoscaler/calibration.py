@@ -58,7 +58,7 @@ class CalibrationSample:
     tpot_quantile_s: float | None = None
     ttft_quantile_s: float | None = None
     prefill_mean_s: float | None = None
-    steady: bool = True  # no queue: only then do percentiles say something
+    steady: bool = True  # no queue and no replica starting: only then do percentiles say something
     # about the servers rather than about a backlog (which the policy's queue term handles)
     bursty: bool = False  # arrivals clustered beyond Poisson noise: prompts shared the token budget
     # and steps far more than the window's mean rate says, so its means and percentiles measure the

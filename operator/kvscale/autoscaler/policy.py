@@ -174,7 +174,7 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
 def build_calibration_sample(context: ReplicaContext, observation: Observation, *,
                              prefill_mean_s: float | None) -> CalibrationSample:
     """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
-    nothing queues. The operator and the simulator both build it here."""
+    nothing queues and no replica is starting. The operator and the simulator both build it here."""
     pods = max(observation.pods_scraped, 1)
     # The batch the window's tokens were decoded at: its mean over the window; one instant's gauge
     # only where the mean is missing.
@@ -196,10 +196,11 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
         tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
         prefill_mean_s=prefill_mean_s, bursty=bursty,
-        # A replica still starting is not scraped (vLLM serves /metrics once its model is loaded), so
-        # the per-pod figures are the serving pods' own: a ramp, whose replicas are always starting,
-        # teaches the tails too.
-        steady=(observation.waiting_requests or 0.0) / pods < 1.0,
+        # Windows with a replica starting are left out too. Its pod serves no /metrics yet, so the
+        # per-pod figures would be the serving pods' own, but taking those windows (a ramp's, a burst's
+        # aftermath) cost 2 points of attainment on the bursty code trace (docs/operator.md).
+        steady=(observation.waiting_requests or 0.0) / pods < 1.0
+        and context.ready_replicas >= context.current_replicas,
         prefix_cache_hit_rate=observation.prefix_cache_hit_rate, engine_work=_engine_work(observation))
 
 

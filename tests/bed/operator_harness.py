@@ -18,10 +18,25 @@ from typing import Any
 import kopf
 from bedkit import STATE_DIR, Kube, free_port, wait_until
 
+from kvscale.api.spec import load_resource
 from kvscale.controllers.operator import OperatorConfig, OperatorState, build_registry
+from kvscale.planner import build_plan_inputs, plan_deployment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD = REPO_ROOT / "crds" / "llmdeployments.kvscale.dev.yaml"
+
+
+def _nodes_per_replica(example: Path) -> int:
+    chosen = plan_deployment(build_plan_inputs(load_resource(example).spec)).chosen
+    return chosen.pipeline_parallel if chosen is not None else 1
+
+
+# The shipped examples. Those whose replicas fit one node are deployed; those that span nodes (pipeline
+# parallel) are planned and shown, but not deployed until the operator runs replicas over nodes
+# (docs/multinode.md).
+ALL_EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
+EXAMPLES = [p for p in ALL_EXAMPLES if _nodes_per_replica(p) == 1]
+MULTI_NODE_EXAMPLES = [p for p in ALL_EXAMPLES if _nodes_per_replica(p) > 1]
 
 
 @dataclass

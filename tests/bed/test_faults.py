@@ -29,6 +29,7 @@ import yaml
 from bedctl import BED_APISERVER, BED_ETCD
 from bedkit import Kube, wait_until
 from operator_harness import (
+    EXAMPLES,
     OperatorProcess,
     RunningOperator,
     apply,
@@ -43,7 +44,6 @@ from operator_harness import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 EXAMPLE = ROOT / "examples" / "llama-3.1-70b-h100.yaml"
 NAME = "llama-70b"
 SCAN_INTERVAL_S = 2.0

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import yaml
 from bedkit import Kube, wait_until
-from operator_harness import RunningOperator, apply, get, install_crd, running_operator, wait_condition
-from test_operator import EXAMPLES
+from operator_harness import EXAMPLES, RunningOperator, apply, get, install_crd, running_operator, wait_condition
 
 
 def test_restarting_the_operator_writes_nothing_for_unchanged_resources(kube: Kube, namespace: str) -> None:

@@ -51,15 +51,23 @@ go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$K8S_MINOR -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$K8S_MINOR"
 # Not `go install pkg@version`: that also loads the module's deprecation notice from the proxy's
 # version list, which the proxy here refuses for this module (403 on @v/list). `go get` of the
-# exact version in a stub module does not need the list.
-SIM_DIR=$TB/llm-d-inference-sim-$INFERENCE_SIM_VERSION
+# exact version in a stub module does not need the list. The source is then copied and patched:
+# v0.10.2 reports vllm:time_to_first_token_seconds as its simulated prefill delay, without the time a
+# request waited for a max-num-seqs slot, where vLLM v1 measures it from arrival; the patch (beside
+# this script) reports it from arrival. Its name is part of the cache key, so a patched build replaces
+# an unpatched one.
+SIM_PATCH=llm-d-inference-sim-ttft-from-arrival
+SIM_DIR=$TB/llm-d-inference-sim-$INFERENCE_SIM_VERSION-${SIM_PATCH#llm-d-inference-sim-}
 if [ ! -x "$SIM_DIR/llm-d-inference-sim" ]; then
-  log "building llm-d-inference-sim $INFERENCE_SIM_VERSION"
+  log "building llm-d-inference-sim $INFERENCE_SIM_VERSION with $SIM_PATCH.patch"
   SRC=$TB/src/llm-d-inference-sim-$INFERENCE_SIM_VERSION; mkdir -p "$SRC" "$SIM_DIR.tmp"
   printf 'module kvscale.local/simbin\n\ngo 1.25.7\n' > "$SRC/go.mod"; rm -f "$SRC/go.sum"
-  ( cd "$SRC" && go get "github.com/llm-d/llm-d-inference-sim@$INFERENCE_SIM_VERSION" \
-      && CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "-s -w" -o "$SIM_DIR.tmp/llm-d-inference-sim" \
-         github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim )
+  ( cd "$SRC" && go get "github.com/llm-d/llm-d-inference-sim@$INFERENCE_SIM_VERSION" )
+  MOD=$(cd "$SRC" && go list -m -f '{{.Dir}}' github.com/llm-d/llm-d-inference-sim)
+  rm -rf "$SRC/patched" && cp -r "$MOD" "$SRC/patched" && chmod -R u+w "$SRC/patched"
+  patch -d "$SRC/patched" -p1 --quiet < "$HERE/$SIM_PATCH.patch"
+  ( cd "$SRC/patched" && CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "-s -w" \
+      -o "$SIM_DIR.tmp/llm-d-inference-sim" ./cmd/llm-d-inference-sim )
   rm -rf "$SIM_DIR" && mv "$SIM_DIR.tmp" "$SIM_DIR"
 fi
 
@@ -83,7 +91,7 @@ fi
 # One folder of links so scripts and tests need a single PATH entry.
 mkdir -p "$TB/bin"
 for b in "$K8S_BIN"/* "$ETCD_BIN/etcd" "$TB/kwok-$KWOK_VERSION/kwok" "$TB/helm-$HELM_VERSION/helm" \
-         "$TB/llm-d-inference-sim-$INFERENCE_SIM_VERSION/llm-d-inference-sim"; do
+         "$SIM_DIR/llm-d-inference-sim"; do
   ln -sfn "$b" "$TB/bin/$(basename "$b")"
 done
 ln -sfn "$STAGES" "$TB/bin/kwok-stages.yaml"

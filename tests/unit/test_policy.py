@@ -348,6 +348,41 @@ def test_varied_prompt_lengths_lengthen_the_prefill_queue() -> None:
     assert alike_ttft > floor and spread_ttft > 1.2 * alike_ttft
 
 
+def test_a_surge_leaving_the_rate_window_is_not_a_burst() -> None:
+    # A surge held for a whole window, then over: the next windows hold its level in their busiest
+    # interval and the lighter load after it in their mean. That peak is the surge's level leaving the
+    # window (the demo's 60 s surge held 8 replicas a window longer as "bursts: 12 req/s"), not clustering.
+    context = _context(current=8, max_replicas=200)
+    goodput = _goodput(context)
+    surge, after = 6 * goodput, 2 * goodput
+    history = ScalingHistory()
+    for t in (NOW - 60, NOW - 30):
+        history = decide(replace(_load(surge, at=t), peak_request_rate=surge), context, history, t).history
+    falling = decide(replace(_load(0.5 * (surge + after)), peak_request_rate=surge), context, history, NOW)
+    assert "bursts:" not in falling.reason
+    assert falling.recommended_replicas < decide(_load(surge), context, ScalingHistory(), NOW).recommended_replicas
+    # The same peak over a window whose load was never that high is a burst, and is sized for.
+    fresh = decide(replace(_load(0.5 * (surge + after)), peak_request_rate=surge), context, ScalingHistory(), NOW)
+    assert "bursts:" in fresh.reason
+
+
+def test_a_breach_is_corrected_from_the_fleet_that_served_its_window() -> None:
+    # Two replicas breached the TTFT SLO twice over; four are Ready now, but the window's percentile
+    # still holds the two-replica stretch. Scaled from four, that stale breach would ask for eight (the
+    # demo's bed went 2 -> 4 -> 7 in ten seconds that way); from the two that served it, four suffice.
+    context = _context(current=4, max_replicas=200)
+    slo_s = context.spec.slo.ttft_ms / 1000
+    light = 0.2 * _goodput(context)
+    history = decide(_load(light, at=NOW - 30), replace(context, current_replicas=2, ready_replicas=2),
+                     ScalingHistory(), NOW - 30).history
+    stale = decide(_load(light, ttft_s=2 * slo_s), context, history, NOW)
+    assert stale.recommended_replicas == 4, stale.reason
+    assert "2 Ready replica(s) served" in stale.reason
+    # The same breach after a whole window on four replicas is theirs: doubled.
+    fresh = decide(_load(light, ttft_s=2 * slo_s), context, ScalingHistory(), NOW)
+    assert fresh.recommended_replicas == 8, fresh.reason
+
+
 def test_bursty_windows_teach_the_shape_but_not_the_speed_or_tails() -> None:
     context = _context()
     steady = build_calibration_sample(context, replace(_load(1.0), peak_request_rate=1.0, tpot_mean_s=0.2),
@@ -363,6 +398,22 @@ def test_bursty_windows_teach_the_shape_but_not_the_speed_or_tails() -> None:
     assert (kept.decode_factor, kept.prefill_factor, kept.samples) == (1.0, 1.0, 0)
     assert (kept.ttft_tail_factor, kept.tpot_tail_factor) == (1.0, 1.0)
     assert kept.input_tokens == 1024 and kept.output_tokens == 256
+
+
+def test_a_window_that_drained_a_backlog_teaches_no_tail() -> None:
+    # After a surge the queue is empty at the sample, but the window's requests waited for slots: its
+    # TTFT percentile is the surge's backlog, far above what its lighter rate gives, and taken as a tail
+    # factor it cut goodput several-fold (the demo: 2.2 -> 0.7 req/s per replica after its surge).
+    context = _context()
+    slo_s = context.spec.slo.ttft_ms / 1000
+    backlog = replace(_load(1.0, ttft_s=4 * slo_s), mean_queue_time_s=0.5 * slo_s, tpot_mean_s=0.02)
+    sample = build_calibration_sample(context, backlog, prefill_mean_s=0.3)
+    assert not sample.steady
+    assert calibrate(Calibration(), context.setup, sample).ttft_tail_factor == 1.0
+    # The same TTFT with requests scheduled at once is the servers' own tail: it is learned.
+    prompt = build_calibration_sample(context, replace(backlog, mean_queue_time_s=0.02 * slo_s), prefill_mean_s=0.3)
+    assert prompt.steady
+    assert calibrate(Calibration(), context.setup, prompt).ttft_tail_factor > 1.2
 
 
 def test_a_light_load_still_measures_decode_speed() -> None:
@@ -443,4 +494,9 @@ def test_no_scale_down_while_the_load_rises_and_down_once_it_is_flat() -> None:
         steady = decide(_load(3 * goodput, at=NOW + t), context, flat, NOW + t)
         flat = steady.history
     assert steady.action == "scale-down", steady.reason
+    # A climb that has ended (the load dropped back below its last closed minute, a surge that is over)
+    # no longer holds the fleet, though its minutes rose: the demo held 8 replicas through the calm
+    # after its surge that way.
+    dropped = decide(_load(goodput, at=NOW + 15), context, history, NOW + 15)
+    assert dropped.binding != "trend" and "no scale-down while the load rises" not in dropped.reason, dropped.reason
 

@@ -84,6 +84,8 @@ class ScalingHistory:
     # seen, for the trend and the bursts
     demands: tuple[tuple[float, float, float, float], ...] = ()
     forecasts: ForecastState = field(default_factory=ForecastState)  # arrivals, bucketed, and the backtest
+    # (time_s, Ready replicas) at each decision: which fleet served the requests of a rate window
+    ready_seen: tuple[tuple[float, int], ...] = ()
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
@@ -109,12 +111,29 @@ class ScalingHistory:
         """The arrivals/s of the largest burst of the last `lookback_s` where bursts recur (two or more
         separate ones in the last two lookbacks); else 0. Only windows whose peak Poisson noise does not
         explain count, and a single one is not held either: a load that drops looks like one (its
-        earlier peak is still in the rate window), and must scale down after one window."""
+        earlier peak is still in the rate window), and must scale down after one window. Nor is a burst
+        no higher than a load the rate windows held meanwhile: that was a surge's rising edge, its level
+        since sustained, and it goes with the scale-down window like any demand."""
         remembered = [(t, b) for t, _, _, b in self.demands if now_s - t <= 2 * lookback_s]
         starts = sum(1 for i, (_, b) in enumerate(remembered) if b > 0 and (i == 0 or remembered[i - 1][1] <= 0))
         if starts < 2:
             return 0.0
-        return max((b for t, b in remembered if now_s - t <= lookback_s), default=0.0)
+        level = self.sustained_level(now_s, lookback_s)
+        return max((b for t, b in remembered if now_s - t <= lookback_s and b > level), default=0.0)
+
+    def with_ready(self, now_s: float, ready: int) -> ScalingHistory:
+        kept = tuple((t, r) for t, r in self.ready_seen if now_s - t <= DEMAND_MEMORY_S)
+        return replace(self, ready_seen=(*kept, (now_s, ready)))
+
+    def fewest_ready(self, now_s: float, lookback_s: float, ready: int) -> int:
+        """The fewest Ready replicas seen at a decision of the last `lookback_s` (and `ready` now): a
+        percentile over that window is set by its worst stretch, which that fleet served."""
+        return min([r for t, r in self.ready_seen if now_s - t <= lookback_s] + [ready])
+
+    def sustained_level(self, now_s: float, lookback_s: float) -> float:
+        """The highest demand (a window's mean arrivals/s) recorded in the last `lookback_s`: a load held
+        that long. A peak no higher, seen as the load falls, is that level leaving the window, not a burst."""
+        return max((d for t, d, _, _ in self.demands if 0 < now_s - t <= lookback_s), default=0.0)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         return [r for t, r in self.recommendations if now_s - t <= window_s]
@@ -200,8 +219,18 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         # per-pod figures would be the serving pods' own, but taking those windows (a ramp's, a burst's
         # aftermath) cost 2 points of attainment on the bursty code trace (docs/operator.md).
         steady=(observation.waiting_requests or 0.0) / pods < 1.0
-        and context.ready_replicas >= context.current_replicas,
+        and context.ready_replicas >= context.current_replicas
+        and not _drained_a_backlog(observation, context.spec),
         prefix_cache_hit_rate=observation.prefix_cache_hit_rate, engine_work=_engine_work(observation))
+
+
+def _drained_a_backlog(observation: Observation, spec: LLMDeploymentSpec) -> bool:
+    """Whether the window's requests waited for a slot, on average, beyond BREACH_TOLERANCE of the TTFT
+    SLO. Its TTFT percentile then measures a backlog left by an earlier, heavier load (a surge's
+    aftermath, when the queue is empty again but the window still holds its requests) against the
+    window's lighter rate: as a tail factor that would shrink goodput several-fold after every surge."""
+    queued_s = observation.mean_queue_time_s
+    return queued_s is not None and queued_s > BREACH_TOLERANCE * ms_to_s(spec.slo.ttft_ms)
 
 
 def _engine_work(observation: Observation) -> EngineWork | None:
@@ -274,11 +303,13 @@ def _trend_rise(forecasts: ForecastState, arrivals: float) -> float | None:
     """The rise in arrivals/s Holt's trend expects by the horizon where it exceeds the noise of counting
     a minute's arrivals; else None. Whatever forecaster sizes demand, a replica removed while the load
     climbs is one to start again a start-up later (a breach's correction, once the breach clears, would
-    otherwise be taken back half-way up a ramp)."""
+    otherwise be taken back half-way up a ramp). A load now below its last closed minute (beyond noise)
+    has stopped climbing, however the minutes before rose: a surge that ended."""
     rise = forecasts.forecast(Forecaster.HOLT_WINTERS).rise_per_s
     noise = max(POISSON_PEAK_SIGMAS * math.sqrt(max(arrivals, 0.0) / BUCKET_S), 1.0 / BUCKET_S)
     recent = forecasts.recent[-RISING_BUCKETS:]
-    climbing = len(recent) == RISING_BUCKETS and all(b > a for a, b in pairwise(recent))
+    climbing = (len(recent) == RISING_BUCKETS and all(b > a for a, b in pairwise(recent))
+                and arrivals >= recent[-1] - noise)
     return rise if rise > noise and climbing else None
 
 
@@ -322,7 +353,15 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
                          f"{tpot_name} {tpot_ms:.1f} ms > SLO {spec.slo.tpot_ms:g}"))
     if breaches:
         name, ratio, text = max(breaches, key=lambda b: b[1])
-        corrected = max(ready + 1, math.ceil(ready * min(ratio, 2.0)))
+        breached_with = history.fewest_ready(observation.sampled_at_s, observation.window_s, ready)
+        if breached_with < ready:
+            # The window's percentile was set while fewer replicas served: scaled from those, since the
+            # replicas added after them already answer part of it (scaled from today's fleet, one stale
+            # window compounded 2 -> 4 -> 7 replicas in 10 s on the demo's bed).
+            corrected = math.ceil(breached_with * min(ratio, 2.0))
+            text += f" (over a window that {breached_with} Ready replica(s) served)"
+        else:
+            corrected = max(ready + 1, math.ceil(ready * min(ratio, 2.0)))
         if starting:
             text += f" ({current - context.ready_replicas} replica(s) still starting)"
         if corrected > wanted and (not starting or corrected > current):
@@ -358,13 +397,15 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     shape = context.calibration.shape(_with_assumed_tail(_shape(observation, spec), spec))
     goodput = replica_goodput(context, shape)
     arrivals = _arrivals(observation, history)
-    excess = _burst_excess(observation, arrivals)
+    excess = _burst_excess(observation, max(arrivals, history.sustained_level(observation.sampled_at_s,
+                                                                               observation.window_s)))
     # The forecasts see every decision's arrivals, and are scored at the horizon a scale-up needs now.
     forecasts = history.forecasts.with_horizon(context.startup_s + context.decision_interval_s).observe(
         observation.sampled_at_s, arrivals)
     history = replace(history, forecasts=forecasts)
     forecast = forecasts.forecast(context.forecaster)
     wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess, shape, forecast)
+    history = history.with_ready(observation.sampled_at_s, context.ready_replicas)
     demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     # Remembered for two windows: bursts are held where two or more fall within them.
     history = history.with_demand(observation.sampled_at_s, demand, _in_flight(observation),

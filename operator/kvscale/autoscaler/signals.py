@@ -73,6 +73,9 @@ class Observation:
     estimated_read_bytes_per_s_per_gpu: float | None = None
     estimated_write_bytes_per_s_per_gpu: float | None = None
     engine_steps_per_s: float | None = None  # per engine, mean over engines
+    # mean time the window's finished requests waited for a slot (vLLM's request_queue_time_seconds): a
+    # window that drained a backlog has tail latencies from an earlier, heavier load
+    mean_queue_time_s: float | None = None
 
     @property
     def estimated_hbm_bytes_per_s_per_gpu(self) -> float | None:

@@ -84,6 +84,7 @@ class OperatorState:
     in_flight: dict[tuple[str, str], tuple[float, dict[str, float]]] = field(default_factory=dict)
     backoffs: dict[tuple[str, str], Backoff] = field(default_factory=dict)
     problems: dict[tuple[str, str], str] = field(default_factory=dict)  # what was last logged, per resource
+    bindings: dict[tuple[str, str], str] = field(default_factory=dict)  # the autoscaler's last (action binding)
     own_versions: dict[tuple[str, str], str] = field(default_factory=dict)  # after kvscale's last status write
     locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
@@ -139,6 +140,12 @@ class OperatorState:
             if outcome.decision is not None:
                 self.histories[key] = outcome.decision.history
                 self.telemetry.decisions.labels(namespace, name, outcome.decision.action).inc()
+                # status keeps only changes of the replica count; the log also says why a fleet stays as it
+                # is, once per change of what binds (every decision at debug level)
+                decision, said = outcome.decision, f"{outcome.decision.action} {outcome.decision.binding}"
+                level = logging.INFO if self.bindings.get(key) != said else logging.DEBUG
+                self.bindings[key] = said
+                log.log(level, "autoscaler %s/%s [%s]: %s", namespace, name, decision.binding, decision.reason)
             self._record(namespace, name, outcome)
             self._report(key, "; ".join(f"{f.action} {f.kind} refused: {f.message}" for f in outcome.failures))
             if outcome.writes:
@@ -168,6 +175,7 @@ class OperatorState:
 
     def _forget(self, key: tuple[str, str]) -> None:
         self.histories.pop(key, None)
+        self.bindings.pop(key, None)
         self.in_flight.pop(key, None)
         self.backoffs.pop(key, None)
         self.problems.pop(key, None)

@@ -210,6 +210,7 @@ def build_queries(labels: MetricsLabels, window_s: int) -> dict[str, str]:
                                  _mean_of_histogram("vllm:time_per_output_token_seconds", labels, w),
                                  _mean_of_histogram("sglang:inter_token_latency_seconds", labels, w)),
         "preemption_rate": _sum_rate("vllm:num_preemptions_total", labels, w),
+        "mean_queue_time_s": _mean_of_histogram("vllm:request_queue_time_seconds", labels, w),
         "prefill_s": _mean_of_histogram("vllm:request_prefill_time_seconds", labels, w),
         # prompt tokens served from the prefix cache over prompt tokens looked up; vLLM < 0.10 (V1)
         # named the counters gpu_prefix_cache_*, the V0 engine exported a gauge

@@ -216,6 +216,7 @@ class PrometheusSource:
                 estimated_read_bytes_per_s_per_gpu=_positive(get("estimated_read_bytes_per_s_per_gpu")),
                 estimated_write_bytes_per_s_per_gpu=_positive(get("estimated_write_bytes_per_s_per_gpu")),
                 engine_steps_per_s=_positive(get("engine_steps_per_s")),
+                mean_queue_time_s=_finite(get("mean_queue_time_s")),
             )
             prefill_value = _finite(get("prefill_s"))
             if prefill_value is not None:

@@ -19,6 +19,13 @@ class Predicted:
     running_seqs_per_replica: float
 
 
+def replica_layout(gpu_type: str, tensor_parallel: int, pipeline_parallel: int) -> str:
+    """One replica's GPUs: '8 x H100-SXM', or '2 nodes x 8 H100-SXM' when it spans nodes."""
+    if pipeline_parallel <= 1:
+        return f"{tensor_parallel} x {gpu_type}"
+    return f"{pipeline_parallel} nodes x {tensor_parallel} {gpu_type}"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One evaluated configuration (a GPU type, TP and PP degrees and max-num-seqs)."""
@@ -64,9 +71,7 @@ class Candidate:
     @property
     def layout(self) -> str:
         """One replica's GPUs: '8 x H100-SXM', or '2 nodes x 8 H100-SXM' when it spans nodes."""
-        if self.pipeline_parallel <= 1:
-            return f"{self.tensor_parallel} x {self.gpu_type}"
-        return f"{self.pipeline_parallel} nodes x {self.tensor_parallel} {self.gpu_type}"
+        return replica_layout(self.gpu_type, self.tensor_parallel, self.pipeline_parallel)
 
     @property
     def label(self) -> str:

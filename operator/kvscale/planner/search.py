@@ -39,7 +39,7 @@ from kvscale.perfmodel.serving import (
 )
 from kvscale.planner.candidates import max_num_seqs_options, parallel_layouts
 from kvscale.planner.explain import explain_feasible, explain_infeasible
-from kvscale.planner.plan import Candidate, CandidateCurve, Plan, Predicted
+from kvscale.planner.plan import Candidate, CandidateCurve, Plan, Predicted, replica_layout
 from kvscale.units import GIB, S_PER_HOUR, gbit_per_s_to_bytes_per_s, ms_to_s, s_to_ms
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
@@ -100,9 +100,8 @@ def chosen_setup(inputs: PlanInputs, chosen: Candidate) -> ServingSetup:
 
 def replica_words(gpu: GpuSpec, tp: int, pp: int) -> str:
     """How a replica is laid out: '2 x H100-SXM' or '2 nodes x 8 H100-SXM (TP8 PP2)'."""
-    if pp <= 1:
-        return f"{tp} x {gpu.name}"
-    return f"{pp} nodes x {tp} {gpu.name} (TP{tp} PP{pp})"
+    layout = replica_layout(gpu.name, tp, pp)
+    return layout if pp <= 1 else f"{layout} (TP{tp} PP{pp})"
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,9 @@ class FleetScraper:
             # output-token-weighted mean inter-token time, as sum/count of vLLM's histogram gives it
             tpot_mean_s=float(decode_s.sum() / intervals.sum()) if intervals.size else None,
             prefix_cache_hit_rate=self._prefix_hit_rate() if log.prefix_group is not None else None,
+            # vLLM observes a request's queue time when it finishes: arrival to its first scheduled step
+            mean_queue_time_s=float(np.mean(log.scheduled_s[finished] - log.arrival_s[finished]))
+            if finished.size else None,
         )
         return WindowStats(
             observation=observation,

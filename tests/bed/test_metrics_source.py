@@ -46,16 +46,21 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     keys = [DeploymentKey("metrics-test", "chat"), DeploymentKey("metrics-test", "code"),
             DeploymentKey("metrics-test", "absent")]
 
+    last_seen: list[object] = [None]
+
     def settled() -> object:
         result = source.fetch(keys, 0.95)
-        chat_obs = result.observations.get(keys[0])
+        chat_obs = last_seen[0] = result.observations.get(keys[0])
         # The peak is a subquery evaluated at step-aligned instants: until one of them falls after the scrape
         # that saw the requests it reads 0, not None (the warm-up created the series), so wait for it to rise.
         ready = (chat_obs is not None and (chat_obs.request_rate or 0) > 0 and chat_obs.tpot_mean_s is not None
                  and (chat_obs.peak_request_rate or 0) > 0)
         return result if ready else None
 
-    result = wait_until(settled, 60, "request rate, TPOT and peak request rate for the chat deployment")
+    try:
+        result = wait_until(settled, 90, "request rate, TPOT and peak request rate for the chat deployment")
+    except AssertionError as exc:  # say what was read: this wait has timed out in CI runs before
+        raise AssertionError(f"{exc}; the last chat observation: {last_seen[0]}") from None
     chat_obs, code_obs = result.observations[keys[0]], result.observations[keys[1]]
     seen = f"chat: {chat_obs}; code: {code_obs}"  # every assertion below says what it saw
     assert keys[2] not in result.observations

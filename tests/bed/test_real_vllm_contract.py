@@ -222,6 +222,8 @@ def expected_observation(raw: Raw, at_s: float) -> dict[str, object]:
         "preemption_rate": raw.sum_rate("vllm:num_preemptions_total", at_s, WINDOW_S),
         "tpot_mean_s": raw.ratio("vllm:request_time_per_output_token_seconds_sum",
                                  "vllm:request_time_per_output_token_seconds_count", at_s),
+        "mean_queue_time_s": raw.ratio("vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
+                                       at_s),
         **{field: value for field, (value, _bound) in percentiles.items()},
         "below_resolution": sorted((field, bound) for field, (_value, bound) in percentiles.items()
                                    if bound is not None),

@@ -250,7 +250,8 @@ def test_cluster_wide_rbac_is_enough_and_no_more(
                                ("create", "deployments.apps"), ("list", "nodes"), ("get", "configmaps"),
                                ("list", "customresourcedefinitions.apiextensions.k8s.io")]:
             assert can_i(kube, user, verb, resource), (verb, resource)
-        for verb, resource in [("delete", "deployments.apps"), ("delete", "llmdeployments.kvscale.dev"),
+        assert can_i(kube, user, "create", "leaderworkersets.leaderworkerset.x-k8s.io")
+        for verb, resource in [("delete", "llmdeployments.kvscale.dev"),
                                ("create", "llmdeployments.kvscale.dev"), ("list", "configmaps"),
                                ("update", "configmaps"), ("delete", "services"), ("create", "pods"),
                                ("update", "nodes"), ("create", "clusterkopfpeerings.kopf.dev"),

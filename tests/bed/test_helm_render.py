@@ -65,7 +65,9 @@ def rules_of(doc: dict[str, Any]) -> set[tuple[str, str, str]]:
 NAMESPACED_RULES = {
     *{("kvscale.dev", "llmdeployments", v) for v in ("get", "list", "watch", "patch")},
     *{("kvscale.dev", "llmdeployments/status", v) for v in ("get", "patch", "update")},
-    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "update")},
+    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "update", "delete")},
+    *{("leaderworkerset.x-k8s.io", "leaderworkersets", v)
+      for v in ("get", "list", "watch", "create", "patch", "update", "delete")},
     *{("", "services", v) for v in ("get", "create", "patch")},
     ("", "configmaps", "get"),
     *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
@@ -144,11 +146,15 @@ def test_default_render_is_cluster_wide_standalone_and_locked_down(helm: str) ->
 @pytest.mark.parametrize("sets", [(), ("watchNamespaces={a,b}",), ("replicaCount=3",),
                                   ("replicaCount=2", "watchNamespaces={a}")])
 def test_no_rule_grants_secrets_wildcards_or_deletes(helm: str, sets: tuple[str, ...]) -> None:
+    """The one delete: the serving workload kvscale owns, when a plan moves between one node and several per
+    replica (a Deployment <-> a LeaderWorkerSet; the operator sends the uid it owns as a precondition)."""
+    workloads = {("apps", "deployments"), ("leaderworkerset.x-k8s.io", "leaderworkersets")}
     for doc in render(helm, *sets):
         if doc["kind"] in ("ClusterRole", "Role"):
             for group, resource, verb in rules_of(doc):
                 assert resource != "secrets" and "*" not in (group, resource, verb)
-                assert verb not in ("delete", "deletecollection", "escalate", "bind", "impersonate")
+                assert verb not in ("deletecollection", "escalate", "bind", "impersonate")
+                assert verb != "delete" or (group, resource) in workloads, (group, resource, verb)
 
 
 def test_namespace_scoped_render(helm: str) -> None:

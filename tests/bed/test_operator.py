@@ -12,7 +12,6 @@ import yaml
 from bedkit import Kube, wait_until
 from operator_harness import (
     EXAMPLES,
-    MULTI_NODE_EXAMPLES,
     RunningOperator,
     apply,
     condition,
@@ -78,29 +77,6 @@ def test_every_example_yields_the_planned_deployment_and_service(
     assert status["observedGeneration"] == llmd["metadata"]["generation"]
     reasons = {e["reason"] for e in events(kube, namespace, name)}
     assert {"Planned", "DeploymentCreated"} <= reasons
-
-
-@pytest.mark.parametrize("example", MULTI_NODE_EXAMPLES, ids=[p.stem for p in MULTI_NODE_EXAMPLES])
-def test_a_multi_node_example_is_planned_and_shown_but_not_deployed(
-        kube: Kube, operator: RunningOperator, namespace: str, example: Path) -> None:
-    chosen = plan_deployment(build_plan_inputs(load_resource(example).spec)).chosen
-    assert chosen is not None and chosen.pipeline_parallel > 1
-    name = yaml.safe_load(example.read_text())["metadata"]["name"]
-    apply(kube, namespace, example.read_text())
-
-    llmd = wait_condition(kube, namespace, name, "Ready", "False")
-    ready = condition(llmd, "Ready")
-    assert ready is not None and ready["reason"] == "MultiNodeNotYetSupported", ready
-    assert f"--pipeline-parallel-size {chosen.pipeline_parallel}" in ready["message"]
-    assert llmd["status"]["plan"]["pipelineParallel"] == chosen.pipeline_parallel
-    assert llmd["status"]["plan"]["tensorParallel"] == chosen.tensor_parallel
-    warned = wait_until(lambda: [e for e in events(kube, namespace, name)
-                                 if e["reason"] == "MultiNodeNotYetSupported"], 30, "the Warning event")
-    assert warned[0]["type"] == "Warning"
-    # The status is written in the same pass that would have written the Deployment: none was.
-    assert get(kube, "deployment", namespace, name) is None
-    assert get(kube, "service", namespace, name) is None
-
 
 
 def test_pods_run_on_the_planned_gpu_nodes_and_ready_follows(

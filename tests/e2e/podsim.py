@@ -47,6 +47,7 @@ from sim_profiles import LatencyProfile, profile_for
 
 from kvscale.api.spec import KvCacheDtype, Precision
 from kvscale.catalog import GpuSpec, find_gpu, resolve_architecture
+from kvscale.kube.leaderworkerset import LEADER_INDEX, WORKER_INDEX_LABEL
 from kvscale.perfmodel.memory import compute_kv_capacity
 
 log = logging.getLogger("podsim")
@@ -78,6 +79,7 @@ class PodLaunch:
     quantization: str | None
     dtype: str | None
     gpu_product: str | None
+    pipeline_parallel: int = 1  # a LeaderWorkerSet leader's stages: its group's GPUs hold the weights together
 
 
 def _flag(args: Sequence[str], *names: str) -> str | None:
@@ -112,6 +114,7 @@ def parse_launch(pod: Mapping[str, Any], node_labels: Mapping[str, str] | None =
         quantization=_flag(args, "--quantization", "-q"),
         dtype=_flag(args, "--dtype"),
         gpu_product=product,
+        pipeline_parallel=int(_flag(args, "--pipeline-parallel-size", "-pp", "--pp-size") or 1),
     )
 
 
@@ -125,8 +128,10 @@ def kv_cache_blocks(launch: PodLaunch, gpu: GpuSpec) -> int:
         precision = Precision.BF16 if launch.dtype == "bfloat16" else Precision.FP16
     kv_dtype = KvCacheDtype.FP8 if launch.kv_cache_dtype.startswith("fp8") else KvCacheDtype.AUTO
     large = gpu.memory_bytes >= LARGE_GPU_BYTES and not gpu.name.startswith("A100")
+    # the simulator stands for the whole replica: all its GPUs (every pipeline stage's) hold weights and KV
     capacity = compute_kv_capacity(arch, gpu.memory_bytes, precision, kv_dtype, launch.tensor_parallel,
-                                   launch.gpu_memory_utilization, 8192 if large else 2048, launch.max_num_seqs)
+                                   launch.gpu_memory_utilization, 8192 if large else 2048, launch.max_num_seqs,
+                                   pipeline_parallel=launch.pipeline_parallel)
     # vLLM refuses to start below one max-length request; the operator only plans configurations that fit.
     return max(capacity.tokens // BLOCK_SIZE, math.ceil(launch.max_model_len / BLOCK_SIZE) + 1)
 
@@ -312,8 +317,10 @@ class PodSim:
             listed = self._api.list_namespaced_pod(namespace, label_selector=MANAGED_SELECTOR, _request_timeout=10)
             for pod in self._api.api_client.sanitize_for_serialization(listed)["items"]:
                 meta, status = pod["metadata"], pod.get("status") or {}
+                labels = meta.get("labels") or {}
+                # a LeaderWorkerSet's workers run headless (no API, no /metrics): only leaders serve
                 if status.get("phase") == "Running" and not meta.get("deletionTimestamp") \
-                        and OWNER_LABEL in (meta.get("labels") or {}):
+                        and OWNER_LABEL in labels and labels.get(WORKER_INDEX_LABEL, LEADER_INDEX) == LEADER_INDEX:
                     pods[meta["uid"]] = pod
         return pods
 

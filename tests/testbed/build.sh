@@ -73,6 +73,20 @@ fi
 
 # kwok's stage definitions ship inside its module: assemble the ones the bed uses, plus a slow start-up
 # for pods that ask for one (tests/testbed/kwok_stages.py). The file name says which assembly it is.
+# LeaderWorkerSet (multi-node replicas): built from the module's own go.mod (the proxy refuses the module's
+# version list, so `go install ...@version` fails; an exact version downloads). The CRD travels with it.
+LWS_DIR=$TB/lws-$LWS_VERSION
+if [ ! -x "$LWS_DIR/lws-controller" ]; then
+  log "building the LeaderWorkerSet controller $LWS_VERSION"
+  SRC=$TB/src/lws-$LWS_VERSION; rm -rf "$SRC" "$LWS_DIR.tmp"; mkdir -p "$LWS_DIR.tmp"
+  MOD=$(go mod download -json "sigs.k8s.io/lws@$LWS_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
+  cp -r "$MOD" "$SRC" && chmod -R u+w "$SRC"
+  ( cd "$SRC" && CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "-s -w" -o "$LWS_DIR.tmp/lws-controller" ./cmd )
+  cp "$SRC/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$LWS_DIR.tmp/lws-crd.yaml"
+  cp "$SRC/config/webhook/manifests.yaml" "$LWS_DIR.tmp/lws-webhooks.yaml"
+  rm -rf "$LWS_DIR" && mv "$LWS_DIR.tmp" "$LWS_DIR"
+fi
+
 STAGES="$TB/kwok-$KWOK_VERSION/stages-slow-start.yaml"
 if [ ! -s "$STAGES" ]; then
   KD=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
@@ -91,7 +105,7 @@ fi
 # One folder of links so scripts and tests need a single PATH entry.
 mkdir -p "$TB/bin"
 for b in "$K8S_BIN"/* "$ETCD_BIN/etcd" "$TB/kwok-$KWOK_VERSION/kwok" "$TB/helm-$HELM_VERSION/helm" \
-         "$SIM_DIR/llm-d-inference-sim"; do
+         "$SIM_DIR/llm-d-inference-sim" "$LWS_DIR/lws-controller" "$LWS_DIR/lws-crd.yaml" "$LWS_DIR/lws-webhooks.yaml"; do
   ln -sfn "$b" "$TB/bin/$(basename "$b")"
 done
 ln -sfn "$STAGES" "$TB/bin/kwok-stages.yaml"

@@ -24,7 +24,7 @@ EOF
 
 healthy() {
   local c
-  for c in etcd kube-apiserver kube-controller-manager kube-scheduler kwok prometheus; do
+  for c in etcd kube-apiserver kube-controller-manager kube-scheduler kwok lws-controller prometheus; do
     pid_of "$c" >/dev/null || return 1
   done
   [ -s "$KUBECONFIG_FILE" ] && [ -s "$ST/prometheus-url" ] || return 1
@@ -43,7 +43,8 @@ if compgen -G "$PIDS/*.pid" >/dev/null; then
   bash "$TESTBED_DIR/down.sh"
 fi
 
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwok-stages.yaml; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwok-stages.yaml \
+         lws-controller lws-crd.yaml lws-webhooks.yaml; do
   [ -e "$BIN/$b" ] || { tb_log "missing $BIN/$b: run 'make testbed-build' (tests/testbed/build.sh)"; exit 1; }
 done
 PROMETHEUS=$(command -v prometheus || true)
@@ -69,10 +70,10 @@ if compgen -G "$LOGS/*.log" >/dev/null; then  # keep the previous run's logs for
 fi
 
 # --- free loopback ports, all held at once so they are distinct ---
-read -r P_ETCD P_ETCD_PEER P_API P_PROM < <(python3 - <<'PY'
+read -r P_ETCD P_ETCD_PEER P_API P_PROM P_LWS_WEBHOOK P_LWS_HEALTH < <(python3 - <<'PY'
 import socket
 socks = []
-for _ in range(4):
+for _ in range(6):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
@@ -84,6 +85,8 @@ ETCD_PORT=$P_ETCD
 ETCD_PEER_PORT=$P_ETCD_PEER
 APISERVER_PORT=$P_API
 PROMETHEUS_PORT=$P_PROM
+LWS_WEBHOOK_PORT=$P_LWS_WEBHOOK
+LWS_HEALTH_PORT=$P_LWS_HEALTH
 EOF
 tb_log "ports: etcd $P_ETCD (peer $P_ETCD_PEER), kube-apiserver $P_API, prometheus $P_PROM"
 
@@ -121,6 +124,13 @@ wait_for() {
     "extendedKeyUsage=serverAuth" "keyUsage=digitalSignature,keyEncipherment" > apiserver.ext
   openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 \
     -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+  # the LeaderWorkerSet webhooks, which the API server calls on loopback (tls.crt/tls.key: controller-runtime's names)
+  mkdir -p lws
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=lws-webhook" -keyout lws/tls.key -out lws.csr 2>/dev/null
+  printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" "extendedKeyUsage=serverAuth" \
+    "keyUsage=digitalSignature,keyEncipherment" > lws.ext
+  openssl x509 -req -in lws.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 \
+    -extfile lws.ext -out lws/tls.crt 2>/dev/null
   openssl genrsa -out sa.key 2048 2>/dev/null
   openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
   TOKEN=$(openssl rand -hex 24)
@@ -201,6 +211,32 @@ start kwok "$BIN/kwok" --kubeconfig="$KUBECONFIG_FILE" --config="$BIN/kwok-stage
   --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --manage-nodes-with-label-selector= --manage-single-node= \
   --cidr=10.244.0.0/16 --node-ip=10.244.0.1 --node-lease-duration-seconds=40
+
+# --- LeaderWorkerSet: CRD, controller on loopback, its webhooks pointed at it with the bed's CA ---
+"${KUBECTL[@]}" apply --server-side -f "$BIN/lws-crd.yaml" >/dev/null
+cat > "$ST/lws-config.yaml" <<EOF
+apiVersion: config.lws.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+webhook: {host: 127.0.0.1, port: $P_LWS_WEBHOOK, certDir: $PKI/lws}
+metrics: {bindAddress: "0"}
+health: {healthProbeBindAddress: "127.0.0.1:$P_LWS_HEALTH"}
+EOF
+# (a condition polled: `kubectl wait` fails at once while the new CRD has no conditions yet)
+lws_crd_established() { [ "$("${KUBECTL[@]}" get crd leaderworkersets.leaderworkerset.x-k8s.io \
+  -o jsonpath='{.status.conditions[?(@.type=="Established")].status}')" = True ]; }
+wait_for kube-apiserver "LeaderWorkerSet CRD Established" lws_crd_established
+start lws-controller env KUBECONFIG="$KUBECONFIG_FILE" "$BIN/lws-controller" --config="$ST/lws-config.yaml" \
+  --zap-log-level=info
+lws_ready() { curl -sf --max-time 2 "http://127.0.0.1:$P_LWS_HEALTH/readyz" && \
+  curl -s --max-time 2 --cacert "$PKI/ca.crt" -o /dev/null "https://127.0.0.1:$P_LWS_WEBHOOK/"; }
+wait_for lws-controller "LeaderWorkerSet controller, webhooks https://127.0.0.1:$P_LWS_WEBHOOK" lws_ready
+# The upstream manifests name an in-cluster Service; here the API server reaches the controller on
+# loopback. The pod webhooks get the objectSelector LWS's kustomize patch adds (only its own pods).
+"${KUBECTL[@]}" create --dry-run=client -o json -f "$BIN/lws-webhooks.yaml" \
+  | python3 "$TESTBED_DIR/lws_webhooks.py" "https://127.0.0.1:$P_LWS_WEBHOOK" "$PKI/ca.crt" \
+  | "${KUBECTL[@]}" apply --server-side -f - >/dev/null
 
 # --- fake GPU nodes ---
 "${KUBECTL[@]}" create -f "$TESTBED_DIR/nodes/" >/dev/null

@@ -232,7 +232,7 @@ def _world(previous_status: dict[str, Any] | None = None) -> World:
                  now=datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC))
 
 
-def test_a_multi_node_plan_is_shown_but_no_deployment_is_written() -> None:
+def test_a_multi_node_plan_without_leader_worker_set_is_shown_but_nothing_is_written() -> None:
     intent = desire(_world(), {})
     assert intent.writes == ()
     status = intent.status
@@ -242,12 +242,12 @@ def test_a_multi_node_plan_is_shown_but_no_deployment_is_written() -> None:
     planned = find_condition(status.conditions, ConditionType.PLANNED)
     assert planned is not None and planned.status == ConditionStatus.TRUE
     assert ready is not None and ready.status == ConditionStatus.FALSE
-    assert ready.reason == "MultiNodeNotYetSupported"
-    assert "--pipeline-parallel-size 2" in ready.message and "pipelineParallel: 1" in ready.message
-    assert [e.reason for e in intent.events].count("MultiNodeNotYetSupported") == 1
+    assert ready.reason == "LeaderWorkerSetNotInstalled"
+    assert "install LeaderWorkerSet" in ready.message and "pipelineParallel: 1" in ready.message
+    assert [e.reason for e in intent.events].count("LeaderWorkerSetNotInstalled") == 1
     # The next pass says nothing new.
     again = desire(_world(status.model_dump(by_alias=True, exclude_none=True, mode="json")), {})
-    assert "MultiNodeNotYetSupported" not in [e.reason for e in again.events] and again.writes == ()
+    assert "LeaderWorkerSetNotInstalled" not in [e.reason for e in again.events] and again.writes == ()
 
 
 def test_the_builder_refuses_a_multi_node_replica() -> None:

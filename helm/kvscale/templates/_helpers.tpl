@@ -73,10 +73,15 @@ app.kubernetes.io/component: operator
   resources: [llmdeployments/status]
   verbs: [get, patch, update]
 # The serving Deployment kvscale owns (created, then patched on plan and scale changes; kopf
-# watches them for drift). Deletion is left to the garbage collector (owner references).
+# watches them for drift). Deleted by kvscale only when its plan moves to multi-node replicas
+# (and only that uid); otherwise the garbage collector removes it with its LLMDeployment.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, update]
+  verbs: [get, list, watch, create, patch, update, delete]
+# Multi-node replicas: a LeaderWorkerSet (sigs.k8s.io/lws) kvscale owns, the same way.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, update, delete]
 # The serving Service kvscale owns.
 - apiGroups: [""]
   resources: [services]

@@ -42,7 +42,7 @@ class Reason(StrEnum):
     TTFT_UNREACHABLE = "TtftUnreachable"
     INSUFFICIENT_MEMORY = "InsufficientMemory"
     MAX_REPLICAS_TOO_LOW = "MaxReplicasTooLow"
-    MULTI_NODE_NOT_YET_SUPPORTED = "MultiNodeNotYetSupported"
+    LEADER_WORKER_SET_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
 
 
 # Plan.binding_constraint of an infeasible plan -> the Infeasible condition's reason.

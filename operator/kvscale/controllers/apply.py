@@ -24,6 +24,7 @@ from kvscale.controllers.desire import previous_status, same_status, settle, sta
 from kvscale.controllers.events import EventReason
 from kvscale.controllers.world import (
     Intent,
+    ObjectDelete,
     ObjectWrite,
     PassReport,
     ScaleDownPrep,
@@ -33,6 +34,7 @@ from kvscale.controllers.world import (
 )
 from kvscale.kube.cluster import FIELD_MANAGER, Cluster, EventRecord, KubeApiError
 from kvscale.kube.drain import DELETION_COST_ANNOTATION, deletion_costs
+from kvscale.kube.leaderworkerset import leader_worker_set_name
 
 log = logging.getLogger("kvscale.reconcile")
 _MANAGER = re.compile(r'conflicts? with "([^"]+)"')
@@ -45,6 +47,7 @@ def read_world(cluster: Cluster, body: Mapping[str, Any], now: datetime, scaling
     namespace, name = meta["namespace"], meta["name"]
     ref = ((body.get("spec") or {}).get("model") or {}).get("configMapRef")
     config_name = ref.get("name") if isinstance(ref, Mapping) else None
+    served = cluster.leader_worker_sets() is not None
     return World(
         body=body,
         deployment=cluster.get_deployment(namespace, name),
@@ -54,6 +57,8 @@ def read_world(cluster: Cluster, body: Mapping[str, Any], now: datetime, scaling
         now=now,
         scaling=scaling,
         in_flight_by_pod=in_flight_by_pod,
+        leader_worker_set=cluster.get_leader_worker_set(namespace, leader_worker_set_name(name)) if served else None,
+        leader_worker_sets_served=served,
     )
 
 
@@ -140,6 +145,19 @@ class Writer:
         for event in write.events:
             self.emit(event)
 
+    def delete(self, delete: ObjectDelete) -> None:
+        namespace = self.world.body["metadata"]["namespace"]
+        try:
+            self.cluster.delete_owned(delete.kind.value, namespace, delete.name, delete.uid)
+        except KubeApiError as exc:
+            failure = WriteFailure(delete.kind, "delete", exc.status, exc.detail)
+            self.failures.append(failure)
+            self.refused.append(failure)
+            return
+        self.written.append(f"delete {delete.kind}")
+        for event in delete.events:
+            self.emit(event)
+
     def status(self, intent: Intent) -> bool:
         """Write the status if it changed; False when it was refused (other than by a 409, which raises)."""
         if same_status(previous_status(self.world.body), intent.status):
@@ -184,6 +202,9 @@ def apply_intent(cluster: Cluster, world: World, intent: Intent, backoff: Backof
         writer.deletion_costs(intent.scale_down)
     for write in intent.writes:
         writer.object(write)
+    if not writer.failures:  # the old kind goes only once the new one is written
+        for delete in intent.deletes:
+            writer.delete(delete)
     settled = settle(intent, world, writer.failures)
     stale = False
     try:

@@ -33,7 +33,15 @@ from kvscale.autoscaler import ScaleDecision
 from kvscale.catalog import GpuSpec
 from kvscale.controllers.autoscaling import autoscale
 from kvscale.controllers.events import EventReason
-from kvscale.controllers.world import Intent, ObjectWrite, ScaleDownPrep, World, WriteFailure, WriteKind
+from kvscale.controllers.world import (
+    Intent,
+    ObjectDelete,
+    ObjectWrite,
+    ScaleDownPrep,
+    World,
+    WriteFailure,
+    WriteKind,
+)
 from kvscale.errors import CatalogError, InvalidSpecError
 from kvscale.kube.builders import (
     SPEC_HASH_ANNOTATION,
@@ -44,6 +52,7 @@ from kvscale.kube.builders import (
     selector_string,
 )
 from kvscale.kube.cluster import EventRecord
+from kvscale.kube.leaderworkerset import build_leader_worker_set, leader_selector, leader_worker_set_name
 from kvscale.kube.state import (
     count_free_replica_slots,
     count_gpu_capacity,
@@ -172,16 +181,23 @@ def _flip_event(previous: LLMDeploymentStatus | None, status: LLMDeploymentStatu
 class _Pass:
     """The facts of one pass that every state needs."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, multi_node: bool | None = None) -> None:
+        """`multi_node`: whether the replicas are LeaderWorkerSet groups (the plan's replicas span nodes) or a
+        Deployment's pods; None (before a plan is known): whichever of the two kvscale owns, a Deployment first."""
         meta = world.body["metadata"]
         self.world = world
         self.now: datetime = world.now
         self.owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
         self.generation = int(meta.get("generation") or 0)
         self.previous = previous_status(world.body)
-        live = world.deployment
-        self.owned = live if live is not None and is_owned_by(live, self.owner.uid) else None
+        deployment, groups = (self._owned(world.deployment), self._owned(world.leader_worker_set))
+        self.multi_node = (deployment is None and groups is not None) if multi_node is None else multi_node
+        self.kind = WriteKind.LEADER_WORKER_SET if self.multi_node else WriteKind.DEPLOYMENT
+        live = world.leader_worker_set if self.multi_node else world.deployment
+        self.owned = groups if self.multi_node else deployment
         self.foreign = live is not None and self.owned is None
+        self.retired = deployment if self.multi_node else groups  # kvscale's object of the kind not in use
+        self.workload_name = leader_worker_set_name(self.owner.name) if self.multi_node else self.owner.name
         current, ready = replica_counts(self.owned)
         kept = self.previous or LLMDeploymentStatus()
         # What outlives any state: the live replica counts, what metrics taught, and the last decision.
@@ -189,6 +205,9 @@ class _Pass:
             observed_generation=self.generation, replicas=current, ready_replicas=ready,
             selector=selector_string(self.owner), calibration=kept.calibration, startup=kept.startup,
             forecast=kept.forecast, last_scale_decision=kept.last_scale_decision, conditions=list(kept.conditions))
+
+    def _owned(self, live: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        return live if live is not None and is_owned_by(live, self.owner.uid) else None
 
     def condition(self, conditions: Sequence[Condition], type_: str, status: ConditionStatus, reason: str,
                   message: str) -> list[Condition]:
@@ -206,8 +225,11 @@ def desire(world: World, default_prices: Mapping[str, float]) -> Intent:
         return _invalid(run, str(exc))
     if not plan.feasible or plan.chosen is None:
         return _infeasible(run, plan)
-    if plan.chosen.pipeline_parallel > 1:
+    multi_node = plan.chosen.pipeline_parallel > 1
+    if multi_node and not world.leader_worker_sets_served:
         return _multi_node(run, plan, plan.chosen)
+    if multi_node != run.multi_node:
+        run = _Pass(world, multi_node=multi_node)
     return _planned(run, spec, inputs, plan, plan.chosen)
 
 
@@ -247,27 +269,27 @@ def _infeasible(run: _Pass, plan: Plan) -> Intent:
 
 
 def multi_node_message(chosen: Candidate) -> str:
-    """Ready's message while the plan's replicas span nodes, which the operator cannot run yet."""
+    """Ready's message while the plan's replicas span nodes and the cluster has no LeaderWorkerSet API."""
     pp = chosen.pipeline_parallel
     return (f"The plan needs {pp} nodes per replica ({chosen.layout}: TP{chosen.tensor_parallel} within a node, "
-            f"PP{pp} across nodes); kvscale cannot run a replica across nodes yet (LeaderWorkerSet support is "
-            "planned), so it creates no Deployment and leaves an existing one as it is. To serve now: pin "
-            "spec.serving.pipelineParallel: 1 with a smaller precision (e.g. fp8) or larger GPUs in spec.gpu.types, "
-            f"or run the plan yourself (e.g. a LeaderWorkerSet with vLLM --tensor-parallel-size "
-            f"{chosen.tensor_parallel} --pipeline-parallel-size {pp}).")
+            f"PP{pp} across nodes). kvscale runs such replicas as a LeaderWorkerSet, and this cluster does not "
+            "serve leaderworkersets.leaderworkerset.x-k8s.io: install LeaderWorkerSet (sigs.k8s.io/lws, v0.8.0 or "
+            "later; its CRD, controller and webhooks) and kvscale creates it on its next pass. Until then it "
+            "creates nothing and leaves an existing Deployment as it is. Or pin spec.serving.pipelineParallel: 1 "
+            "with a smaller precision (e.g. fp8) or larger GPUs in spec.gpu.types.")
 
 
 def _multi_node(run: _Pass, plan: Plan, chosen: Candidate) -> Intent:
-    """A feasible plan whose replicas span nodes: shown in status (plan and predictions), nothing written,
-    Ready False with MultiNodeNotYetSupported, one Warning event when that starts."""
+    """A feasible multi-node plan on a cluster without LeaderWorkerSet: shown in status (plan and predictions),
+    nothing written, Ready False with LeaderWorkerSetNotInstalled, one Warning event when that starts."""
     conditions = run.condition(_plan_conditions(run, plan), ConditionType.READY, ConditionStatus.FALSE,
-                               Reason.MULTI_NODE_NOT_YET_SUPPORTED, multi_node_message(chosen))
+                               Reason.LEADER_WORKER_SET_NOT_INSTALLED, multi_node_message(chosen))
     status = run.base.model_copy(update={"plan": build_plan_status(plan), "predicted": build_predicted_status(plan),
                                          "conditions": _only(conditions, _INFEASIBLE)})
     ready = find_condition(run.previous.conditions, ConditionType.READY) if run.previous else None
     events = []
-    if ready is None or ready.reason != Reason.MULTI_NODE_NOT_YET_SUPPORTED:
-        events.append(EventRecord("Warning", EventReason.MULTI_NODE_NOT_YET_SUPPORTED.value,
+    if ready is None or ready.reason != Reason.LEADER_WORKER_SET_NOT_INSTALLED:
+        events.append(EventRecord("Warning", EventReason.LEADER_WORKER_SET_NOT_INSTALLED.value,
                                   multi_node_message(chosen)))
     return Intent(status=status, events=tuple(events))
 
@@ -291,10 +313,13 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     events: list[EventRecord] = []
     decision, scale_reason = None, None
     settled = run.owned is not None and previous is not None and previous.observed_generation == run.generation
+    serving = leader_selector(owner) if run.multi_node else selector_labels(owner)  # the pods that serve
     if world.scaling is not None and metrics_kept and settled:
         pods = world.scaling.bound_pods
-        free = None if pods is None else count_free_replica_slots(world.nodes, pods, gpu, chosen.tensor_parallel)
-        startups = [] if pods is None else pod_startups(pods, owner.namespace, selector_labels(owner))
+        # a replica is a whole group: pipeline_parallel pods of tensor_parallel GPUs each
+        free = None if pods is None else (count_free_replica_slots(world.nodes, pods, gpu, chosen.tensor_parallel)
+                                          // chosen.pipeline_parallel)
+        startups = [] if pods is None else pod_startups(pods, owner.namespace, serving)
         result = autoscale(spec, chosen_setup(inputs, chosen), chosen, status, previous, replicas,
                            status.ready_replicas, free, world.scaling, run.now, startups)
         status, replicas, decision = result.status, result.replicas, result.decision
@@ -311,15 +336,32 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     if run.foreign:
         return _name_conflict(run, status, evaluated - {ConditionType.INSUFFICIENT_CAPACITY}, replicas, events,
                               decision)
-    desired = build_deployment(owner, spec, chosen, replicas, gpu=gpu, native_precision=inputs.arch.native_precision)
-    writes = [w for w in (_deployment_write(owner, desired, run.owned, replicas, scale_reason),
-                          _service_write(owner, build_service(owner, spec), world.service)) if w is not None]
+    build = build_leader_worker_set if run.multi_node else build_deployment
+    desired = build(owner, spec, chosen, replicas, gpu=gpu, native_precision=inputs.arch.native_precision)
+    writes = [w for w in (_workload_write(run.kind, owner, desired, run.owned, replicas, scale_reason),
+                          _service_write(owner, build_service(owner, spec, serving), world.service)) if w is not None]
     conditions = _capacity_and_ready(run, status.conditions, gpu, chosen, replicas, status.ready_replicas)
     status = status.model_copy(update={"desired_replicas": replicas, "conditions": _only(conditions, evaluated)})
     events += _flip_event(previous, status, ConditionType.INSUFFICIENT_CAPACITY,
                           EventReason.INSUFFICIENT_CAPACITY, EventReason.CAPACITY_AVAILABLE)
+    scale_down = None if run.multi_node else _scale_down_prep(owner, run.owned, replicas, world)
     return Intent(status=status, writes=tuple(writes), events=tuple(events), decision=decision, tracks_writes=True,
-                  scale_down=_scale_down_prep(owner, run.owned, replicas, world))
+                  scale_down=scale_down, deletes=_retire(run, chosen))
+
+
+def _retire(run: _Pass, chosen: Candidate) -> tuple[ObjectDelete, ...]:
+    """When the plan moved between one node and several per replica, kvscale's object of the old kind goes
+    (after the new one is written): no orphan keeps its GPUs."""
+    old = run.retired
+    if old is None:
+        return ()
+    kind = WriteKind.DEPLOYMENT if run.multi_node else WriteKind.LEADER_WORKER_SET
+    why = (f"replicas now span {chosen.pipeline_parallel} nodes ({chosen.layout})" if run.multi_node
+           else f"a replica now fits one node ({chosen.layout})")
+    name = str(old["metadata"]["name"])
+    event = EventRecord("Normal", EventReason.WORKLOAD_REPLACED.value,
+                        f"Deleted {kind} {name}: the plan's {why}, so {run.kind} {run.workload_name} serves instead.")
+    return (ObjectDelete(kind, name, str(old["metadata"]["uid"]), (event,)),)
 
 
 def _scale_down_prep(owner: Owner, live: Mapping[str, Any] | None, replicas: int, world: World) -> ScaleDownPrep | None:
@@ -333,8 +375,8 @@ def _scale_down_prep(owner: Owner, live: Mapping[str, Any] | None, replicas: int
 def _name_conflict(run: _Pass, status: LLMDeploymentStatus, evaluated: Collection[str], replicas: int,
                    events: list[EventRecord], decision: ScaleDecision | None) -> Intent:
     owner = run.owner
-    message = (f"Deployment {owner.namespace}/{owner.name} exists and is not owned by this LLMDeployment; "
-               "kvscale leaves it alone. Rename the LLMDeployment or remove that Deployment.")
+    message = (f"{run.kind} {owner.namespace}/{run.workload_name} exists and is not owned by this LLMDeployment; "
+               f"kvscale leaves it alone. Rename the LLMDeployment or remove that {run.kind}.")
     ready = find_condition(run.previous.conditions, ConditionType.READY) if run.previous else None
     if ready is None or ready.reason != "NameConflict":
         events.append(EventRecord("Warning", EventReason.NAME_CONFLICT.value, message))
@@ -345,19 +387,22 @@ def _name_conflict(run: _Pass, status: LLMDeploymentStatus, evaluated: Collectio
 
 def _capacity_and_ready(run: _Pass, conditions: Sequence[Condition], gpu: GpuSpec, chosen: Candidate,
                         replicas: int, ready: int) -> list[Condition]:
-    tp = chosen.tensor_parallel
+    tp, pp = chosen.tensor_parallel, chosen.pipeline_parallel
     capacity = count_gpu_capacity(run.world.nodes, gpu, tp)
-    if capacity.replica_slots < replicas:
+    fits = capacity.replica_slots // pp  # a replica needs pp pods of tp GPUs, each on a node with room for it
+    shape = f"TP{tp}" if pp == 1 else f"{pp} pods of TP{tp}"
+    if fits < replicas:
+        per_replica = f"{tp} per node" if pp == 1 else f"{pp} nodes x {tp} per replica"
         conditions = run.condition(
             conditions, ConditionType.INSUFFICIENT_CAPACITY, ConditionStatus.TRUE, "NotEnoughGpus",
-            f"The plan needs {replicas} x {tp} {gpu.name} ({replicas * tp} GPUs, {tp} per node); the cluster's "
-            f"Ready nodes labelled {gpu.product_label} have {capacity.gpus} allocatable on {capacity.nodes} "
-            f"node(s), room for {capacity.replica_slots} replica(s). Add nodes or lower maxReplicas / the workload.")
+            f"The plan needs {replicas} x {pp * tp} {gpu.name} ({replicas * pp * tp} GPUs, {per_replica}); the "
+            f"cluster's Ready nodes labelled {gpu.product_label} have {capacity.gpus} allocatable on "
+            f"{capacity.nodes} node(s), room for {fits} replica(s). Add nodes or lower maxReplicas / the workload.")
     else:
         conditions = run.condition(
             conditions, ConditionType.INSUFFICIENT_CAPACITY, ConditionStatus.FALSE, "EnoughGpus",
-            f"{capacity.gpus} allocatable {gpu.name} GPUs hold {capacity.replica_slots} replica(s) of "
-            f"TP{tp}; the plan needs {replicas}.")
+            f"{capacity.gpus} allocatable {gpu.name} GPUs hold {fits} replica(s) of {shape}; the plan needs "
+            f"{replicas}.")
     if ready >= replicas and replicas > 0:
         return run.condition(conditions, ConditionType.READY, ConditionStatus.TRUE, "ReplicasReady",
                              f"{ready}/{replicas} replicas ready.")
@@ -365,33 +410,46 @@ def _capacity_and_ready(run: _Pass, conditions: Sequence[Condition], gpu: GpuSpe
                          f"{ready}/{replicas} replicas ready.")
 
 
-def _args(deployment: Mapping[str, Any]) -> str:
-    return " ".join(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+def _args(workload: Mapping[str, Any]) -> str:
+    """The serving container's args: the Deployment's pod, or a LeaderWorkerSet's leader."""
+    spec = workload["spec"]
+    template = spec["leaderWorkerTemplate"]["leaderTemplate"] if "leaderWorkerTemplate" in spec else spec["template"]
+    return " ".join(template["spec"]["containers"][0]["args"])
 
 
-def _template_hash(deployment: Mapping[str, Any]) -> str | None:
-    template = (deployment.get("spec") or {}).get("template") or {}
+def _template_hash(workload: Mapping[str, Any]) -> str | None:
+    spec = workload.get("spec") or {}
+    template = ((spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") if "leaderWorkerTemplate" in spec
+                else spec.get("template")) or {}
     value = ((template.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     return str(value) if value is not None else None
 
 
-def _deployment_write(owner: Owner, desired: dict[str, Any], live: Mapping[str, Any] | None, replicas: int,
-                      scale_reason: str | None) -> ObjectWrite | None:
+_CREATED = {WriteKind.DEPLOYMENT: EventReason.DEPLOYMENT_CREATED,
+            WriteKind.LEADER_WORKER_SET: EventReason.LEADER_WORKER_SET_CREATED}
+_UPDATED = {WriteKind.DEPLOYMENT: EventReason.DEPLOYMENT_UPDATED,
+            WriteKind.LEADER_WORKER_SET: EventReason.LEADER_WORKER_SET_UPDATED}
+
+
+def _workload_write(kind: WriteKind, owner: Owner, desired: dict[str, Any], live: Mapping[str, Any] | None,
+                    replicas: int, scale_reason: str | None) -> ObjectWrite | None:
+    """The write that makes the Deployment (or LeaderWorkerSet) what the plan builds, if any is needed."""
+    unit = "replica(s)" if kind == WriteKind.DEPLOYMENT else "group(s)"
+    name = desired["metadata"]["name"]
     if live is None:
-        return ObjectWrite(WriteKind.DEPLOYMENT, "create", desired, (EventRecord(
-            "Normal", EventReason.DEPLOYMENT_CREATED.value,
-            f"Created Deployment {owner.name} with {replicas} replica(s): {_args(desired)}"),))
+        return ObjectWrite(kind, "create", desired, (EventRecord(
+            "Normal", _CREATED[kind].value, f"Created {kind} {name} with {replicas} {unit}: {_args(desired)}"),))
     events = []
     action = None
     if template_drifted(desired, live):
         action = "update"
         if _template_hash(live) == _template_hash(desired):
             events.append(EventRecord("Warning", EventReason.DRIFT_CORRECTED.value,
-                                      f"Deployment {owner.name} was edited outside kvscale; its pod template was put "
+                                      f"{kind} {name} was edited outside kvscale; its pod template was put "
                                       "back. Change the LLMDeployment instead."))
         else:
-            events.append(EventRecord("Normal", EventReason.DEPLOYMENT_UPDATED.value,
-                                      f"Rolling Deployment {owner.name} to the new plan: {_args(desired)}"))
+            events.append(EventRecord("Normal", _UPDATED[kind].value,
+                                      f"Rolling {kind} {name} to the new plan: {_args(desired)}"))
     live_replicas = (live.get("spec") or {}).get("replicas")
     if int(live_replicas or 0) != replicas:
         action = action or "scale"
@@ -399,7 +457,7 @@ def _deployment_write(owner: Owner, desired: dict[str, Any], live: Mapping[str, 
                                   scale_reason or f"Replicas {live_replicas} -> {replicas}."))
     if action is None:
         return None
-    return ObjectWrite(WriteKind.DEPLOYMENT, action, desired, tuple(events))
+    return ObjectWrite(kind, action, desired, tuple(events))
 
 
 def _service_write(owner: Owner, desired: dict[str, Any], live: Mapping[str, Any] | None) -> ObjectWrite | None:
@@ -409,10 +467,17 @@ def _service_write(owner: Owner, desired: dict[str, Any], live: Mapping[str, Any
     if not is_owned_by(live, owner.uid):
         return None  # someone else's Service of that name: never touched
     live_spec = live.get("spec") or {}
-    if (is_subset(desired["spec"]["selector"], live_spec.get("selector", {}))
+    selector = dict(live_spec.get("selector") or {})
+    # The selector must match exactly (an extra key selects fewer pods: a Deployment's pods lack the leader label).
+    if (desired["spec"]["selector"] == selector
             and is_subset(desired["spec"]["ports"], live_spec.get("ports", []))
             and is_subset(desired["metadata"]["labels"], (live.get("metadata") or {}).get("labels", {}))):
         return None
+    wanted = desired["spec"]["selector"]
+    if selector != wanted and selector in (selector_labels(owner), leader_selector(owner)):  # the other kind's
+        pods = ",".join(f"{key}={value}" for key, value in sorted(wanted.items()))
+        return ObjectWrite(WriteKind.SERVICE, "update", desired, (EventRecord(
+            "Normal", EventReason.WORKLOAD_REPLACED.value, f"Service {owner.name} now selects {pods}."),))
     return ObjectWrite(WriteKind.SERVICE, "update", desired, (EventRecord(
         "Warning", EventReason.DRIFT_CORRECTED.value,
         f"Service {owner.name} was edited outside kvscale; its selector and ports were put back."),))
@@ -459,4 +524,5 @@ def settle(intent: Intent, world: World, failures: Sequence[WriteFailure]) -> In
     events = _flip_event(run.previous, status, ConditionType.WRITE_FAILED, EventReason.WRITE_FAILED,
                          EventReason.WRITES_RECOVERED)
     return Intent(status=status, writes=intent.writes, events=(*intent.events, *events), decision=intent.decision,
+                  deletes=intent.deletes,
                   tracks_writes=True)

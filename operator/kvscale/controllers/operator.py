@@ -375,6 +375,14 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
         if owner is not None and namespace:  # drift, readiness and deletion of what kvscale owns
             state.reconcile(namespace, owner)
 
+    # Multi-node replicas (sigs.k8s.io/lws). kopf serves it once the CRD exists (it follows CRDs) and warns
+    # while it does not; the resync reconciles every resource either way.
+    @kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels=MANAGED_BY, registry=registry)
+    def on_owned_leader_worker_set(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+        owner = _owner_name(body)
+        if owner is not None and namespace:
+            state.reconcile(namespace, owner)
+
     # Async: it runs on the event loop, never queued behind busy reconcile threads, so a loaded
     # operator still answers its probe in time.
     @kopf.on.probe(id="reconciles", registry=registry)

@@ -33,12 +33,16 @@ class World:
     # requests running + waiting per pod name, from the last resync's metrics (any pass may scale down:
     # a spec edit too); None: unknown
     in_flight_by_pod: Mapping[str, float] | None = None
+    # the LeaderWorkerSet of the same name (multi-node replicas), owned or not; None: absent or not served
+    leader_worker_set: Mapping[str, Any] | None = None
+    leader_worker_sets_served: bool = False  # whether the API server serves leaderworkersets (LWS installed)
 
 
 class WriteKind(StrEnum):
     """The objects kvscale writes, and the order it writes them in."""
 
     DEPLOYMENT = "Deployment"
+    LEADER_WORKER_SET = "LeaderWorkerSet"
     SERVICE = "Service"
     STATUS = "status"
 
@@ -51,6 +55,17 @@ class ObjectWrite:
     action: str  # create, update or scale: what the write does, for logs, telemetry and messages
     body: Mapping[str, Any]
     events: tuple[EventRecord, ...] = ()  # emitted once the write has succeeded
+
+
+@dataclass(frozen=True)
+class ObjectDelete:
+    """An owned object of the kind the plan no longer uses (a Deployment once replicas span nodes, or the
+    reverse), deleted only if its uid is still the one kvscale read: never a newer object of that name."""
+
+    kind: WriteKind
+    name: str
+    uid: str
+    events: tuple[EventRecord, ...] = ()  # emitted once the delete has succeeded
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,7 @@ class Intent:
     decision: ScaleDecision | None = None  # the autoscaler's answer, when this pass scaled
     tracks_writes: bool = False  # whether the WriteFailed condition applies (a feasible plan kvscale acts on)
     scale_down: ScaleDownPrep | None = None  # written before the Deployment when it loses replicas
+    deletes: tuple[ObjectDelete, ...] = ()  # after the writes, and only when every write succeeded
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def object_labels(owner: Owner, spec: LLMDeploymentSpec) -> dict[str, str]:
     }
 
 
-def _metadata(owner: Owner, spec: LLMDeploymentSpec) -> dict[str, Any]:
+def metadata_for(owner: Owner, spec: LLMDeploymentSpec) -> dict[str, Any]:
     return {
         "name": owner.name,
         "namespace": owner.namespace,
@@ -92,7 +92,17 @@ def _metadata(owner: Owner, spec: LLMDeploymentSpec) -> dict[str, Any]:
 
 
 class MultiNodeNotSupportedError(ValueError):
-    """The plan's replicas span nodes; only single-node replicas have a builder so far."""
+    """The plan's replicas span nodes: a Deployment cannot run them (kube.leaderworkerset builds those)."""
+
+
+def scrape_annotations(spec_hash: str) -> dict[str, str]:
+    """The serving pod's annotations: where its /metrics is, and the hash of its template (drift)."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(SERVING_PORT),
+        "prometheus.io/path": METRICS_PATH,
+        SPEC_HASH_ANNOTATION: spec_hash,
+    }
 
 
 def build_engine_launch(spec: LLMDeploymentSpec, chosen: Candidate, native_precision: Precision) -> EngineLaunch:
@@ -107,6 +117,7 @@ def build_engine_launch(spec: LLMDeploymentSpec, chosen: Candidate, native_preci
         native_precision=native_precision,
         kv_cache_dtype=spec.model.kv_cache_dtype,
         image=image_for(spec.serving.engine, spec.serving.image),
+        pipeline_parallel=chosen.pipeline_parallel,
     )
 
 
@@ -176,8 +187,13 @@ def grace_for(spec: LLMDeploymentSpec, chosen: Candidate) -> int:
 
 
 def build_pod_spec(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec, grace_s: int) -> dict[str, Any]:
+    return pod_spec_around(spec, build_container(spec, launch, gpu, grace_s), gpu, grace_s)
+
+
+def pod_spec_around(spec: LLMDeploymentSpec, container: dict[str, Any], gpu: GpuSpec, grace_s: int) -> dict[str, Any]:
+    """A serving pod's spec around its engine container: placement on the planned GPUs, grace, /dev/shm."""
     return {
-        "containers": [build_container(spec, launch, gpu, grace_s)],
+        "containers": [container],
         "terminationGracePeriodSeconds": grace_s,
         "nodeSelector": build_node_selector(spec, gpu),
         "tolerations": build_tolerations(spec, gpu),
@@ -212,13 +228,13 @@ def build_deployment(
     if chosen.pipeline_parallel > 1:
         raise MultiNodeNotSupportedError(
             f"a replica of {chosen.layout} spans {chosen.pipeline_parallel} nodes: a single-pod Deployment "
-            "cannot run it")
+            "cannot run it (build_leader_worker_set)")
     launch = build_engine_launch(spec, chosen, native_precision)
     pod_spec = build_pod_spec(spec, launch, gpu, grace_for(spec, chosen))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(owner, spec),
+        "metadata": metadata_for(owner, spec),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(owner)},
@@ -228,12 +244,7 @@ def build_deployment(
             "template": {
                 "metadata": {
                     "labels": object_labels(owner, spec),
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(SERVING_PORT),
-                        "prometheus.io/path": METRICS_PATH,
-                        SPEC_HASH_ANNOTATION: compute_spec_hash(pod_spec),
-                    },
+                    "annotations": scrape_annotations(compute_spec_hash(pod_spec)),
                 },
                 "spec": pod_spec,
             },
@@ -241,15 +252,16 @@ def build_deployment(
     }
 
 
-def build_service(owner: Owner, spec: LLMDeploymentSpec) -> dict[str, Any]:
-    """A ClusterIP Service in front of the serving pods, port 8000 named http."""
+def build_service(owner: Owner, spec: LLMDeploymentSpec, selector: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A ClusterIP Service in front of the serving pods (`selector`: the pods that serve, all of the
+    resource's pods by default; a LeaderWorkerSet's leaders), port 8000 named http."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(owner, spec),
+        "metadata": metadata_for(owner, spec),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(owner),
+            "selector": dict(selector) if selector is not None else selector_labels(owner),
             "ports": [{"name": PORT_NAME, "port": SERVING_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
         },
     }

@@ -25,6 +25,7 @@ from urllib3.exceptions import HTTPError
 from kvscale.api.conditions import format_time
 from kvscale.api.spec import API_GROUP, API_VERSION, KIND
 from kvscale.errors import KvscaleError
+from kvscale.kube.leaderworkerset import LWS_API_VERSION, LWS_KIND
 
 PLURAL = "llmdeployments"
 MERGE_PATCH = "application/merge-patch+json"
@@ -105,6 +106,7 @@ class Cluster:
         self._config_maps = self._dynamic.resources.get(api_version="v1", kind="ConfigMap")
         self._events = self._dynamic.resources.get(api_version="v1", kind="Event")
         self._llmds = self._dynamic.resources.get(api_version=f"{API_GROUP}/{API_VERSION}", kind=KIND)
+        self._leader_worker_sets: Any = None  # discovered on first use: the CRD may come later
         self._nodes_read: tuple[float, list[dict[str, Any]]] | None = None
         self._nodes_lock = threading.Lock()
 
@@ -161,6 +163,36 @@ class Cluster:
 
     def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self._services, namespace, name)
+
+    def leader_worker_sets(self) -> Any | None:
+        """The LeaderWorkerSet resource (sigs.k8s.io/lws), or None while the API server does not serve it."""
+        if self._leader_worker_sets is None:
+            try:
+                self._leader_worker_sets = self._dynamic.resources.get(api_version=LWS_API_VERSION, kind=LWS_KIND)
+            except ResourceNotFoundError:
+                with contextlib.suppress(Exception):  # discovery is cached: look again next time
+                    self._dynamic.resources.invalidate_cache()
+                return None
+            except _TRANSPORT_ERRORS as exc:
+                raise _wrap("discover LeaderWorkerSet", exc) from exc
+        return self._leader_worker_sets
+
+    def get_leader_worker_set(self, namespace: str, name: str) -> dict[str, Any] | None:
+        resource = self.leader_worker_sets()
+        return None if resource is None else self._get(resource, namespace, name)
+
+    def delete_owned(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete an object kvscale owns, only if it is still the one read (uid precondition); its pods go
+        with it (background propagation). Already gone is success."""
+        resource = self._resource_for({"kind": kind})
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background",
+                "preconditions": {"uid": uid}}
+        try:
+            resource.delete(name=name, namespace=namespace, body=body, _request_timeout=REQUEST_TIMEOUT_S)
+        except NotFoundError:
+            return
+        except _TRANSPORT_ERRORS as exc:
+            raise _wrap(f"delete {kind} {namespace}/{name}", exc) from exc
 
     def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self._config_maps, namespace, name)
@@ -254,6 +286,13 @@ class Cluster:
 
     def _resource_for(self, body: Mapping[str, Any]) -> Any:
         kinds = {"Deployment": self._deployments, "Service": self._services, "Event": self._events}
+        if body.get("kind") == LWS_KIND:
+            resource = self.leader_worker_sets()
+            if resource is None:
+                raise KubeApiError("the API server does not serve leaderworkersets.leaderworkerset.x-k8s.io "
+                                   "(LeaderWorkerSet is not installed)", status=404,
+                                   detail="LeaderWorkerSet is not installed")
+            return resource
         try:
             return kinds[body["kind"]]
         except KeyError as exc:

@@ -52,6 +52,7 @@ class EngineLaunch:
     native_precision: Precision  # what the checkpoint holds
     kv_cache_dtype: KvCacheDtype
     image: str  # the container image (image_for): which flags the engine in it knows
+    pipeline_parallel: int = 1  # stages, one node each: >1 is a multi-node replica (a LeaderWorkerSet group)
 
 
 def image_for(engine: Engine, image: str | None) -> str:
@@ -96,6 +97,31 @@ def precision_args(launch: EngineLaunch) -> list[str]:
     return ["--dtype", _SIXTEEN_BIT_DTYPES[wanted]]
 
 
+# A LeaderWorkerSet's pod webhook gives every pod of a group these variables; Kubernetes expands $(NAME)
+# in args from the container's environment. The leader has worker index 0.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+# SGLang's rendezvous port on the leader (its --dist-init-addr needs one; the value is SGLang's example).
+SGLANG_DIST_INIT_PORT = 20000
+
+
+def multi_node_args(launch: EngineLaunch, leader: bool) -> list[str]:
+    """Flags that join one pod to a replica spread over `pipeline_parallel` nodes, one stage per node.
+
+    vLLM (multiprocessing backend, no Ray; `--nnodes` since 0.11): every pod runs `vllm serve` with the same
+    parallel sizes and its node rank; the leader (rank 0) serves the API and /metrics, the workers run
+    `--headless` (no API server). SGLang: `--nnodes`/`--node-rank` with the leader's rendezvous address.
+    """
+    stages = launch.pipeline_parallel
+    rank = f"$({WORKER_INDEX_ENV})"
+    if launch.engine == Engine.VLLM:
+        args = ["--pipeline-parallel-size", str(stages), "--nnodes", str(stages), "--node-rank", rank,
+                "--master-addr", f"$({LEADER_ADDRESS_ENV})"]
+        return args if leader else [*args, "--headless"]
+    return ["--pp-size", str(stages), "--nnodes", str(stages), "--node-rank", rank,
+            "--dist-init-addr", f"$({LEADER_ADDRESS_ENV}):{SGLANG_DIST_INIT_PORT}"]
+
+
 def vllm_args(launch: EngineLaunch) -> list[str]:
     args = [
         "--model", launch.model_name,
@@ -129,9 +155,12 @@ def sglang_args(launch: EngineLaunch) -> list[str]:
     ]
 
 
-def engine_args(launch: EngineLaunch, extra_args: list[str]) -> list[str]:
-    """The container's args; the user's extra arguments come last so they win over ours."""
+def engine_args(launch: EngineLaunch, extra_args: list[str], leader: bool = True) -> list[str]:
+    """The container's args; the user's extra arguments come last so they win over ours. A multi-node
+    replica's pods (`launch.pipeline_parallel` > 1) add their part in it: the leader's, or a worker's."""
     rendered = vllm_args(launch) if launch.engine == Engine.VLLM else sglang_args(launch)
+    if launch.pipeline_parallel > 1:
+        rendered += multi_node_args(launch, leader)
     return [*rendered, *extra_args]
 
 

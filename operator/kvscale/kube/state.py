@@ -51,12 +51,12 @@ def is_subset(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
 
 
 def template_drifted(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
-    """True when the live Deployment's pod template, labels or owner differ from what kvscale builds."""
+    """True when the live Deployment's (or LeaderWorkerSet's) spec other than its replica count (pod templates,
+    selector, rollout strategy) or its labels differ from what kvscale builds."""
+    live_spec = live.get("spec") or {}
     return not (
-        is_subset(desired["spec"]["template"], live.get("spec", {}).get("template", {}))
-        and is_subset(desired["spec"]["selector"], live.get("spec", {}).get("selector", {}))
-        and is_subset(desired["metadata"].get("labels", {}), live.get("metadata", {}).get("labels", {}))
-        and is_subset(desired["spec"].get("strategy", {}), live.get("spec", {}).get("strategy", {}))
+        all(is_subset(value, live_spec.get(key, {})) for key, value in desired["spec"].items() if key != "replicas")
+        and is_subset(desired["metadata"].get("labels", {}), (live.get("metadata") or {}).get("labels", {}))
     )
 
 

@@ -179,3 +179,28 @@ def _chosen() -> Any:
     plan = plan_deployment(build_plan_inputs(parse_spec(_spec_document())))
     assert plan.chosen is not None
     return plan.chosen
+
+
+def _named(name: str, spec: dict[str, Any] | None = None) -> World:
+    world = _world(spec)
+    body = {**world.body, "metadata": {**world.body["metadata"], "name": name}}
+    return World(body=body, deployment=None, service=None, nodes=world.nodes, config_map=None, now=NOW,
+                 leader_worker_sets_served=True)
+
+
+def test_a_name_or_image_lws_or_vllm_would_refuse_is_reported_and_nothing_is_written() -> None:
+    for name, says in [("405b-llama", "DNS-1035"), ("l" * 47, "at most 46 characters"), ("llama.405b", "DNS-1035")]:
+        intent = desire(_named(name), {})
+        ready = find_condition(intent.status.conditions, ConditionType.READY)
+        assert intent.writes == () and ready is not None, name
+        assert ready.reason == "MultiNodeNotRunnable" and says in ready.message and "rename" in ready.message, name
+        assert [e.reason for e in intent.events].count("MultiNodeNotRunnable") == 1
+    # the longest that fits: groups 0-3 (maxReplicas 4) -> "<46>-lws-3" is 52 characters
+    assert desire(_named("l" * 46), {}).writes
+    old = _spec_document(serving={"image": "vllm/vllm-openai:v0.10.2"})
+    ready = find_condition(desire(_world(old), {}).status.conditions, ConditionType.READY)
+    assert ready is not None and ready.reason == "MultiNodeNotRunnable" and "vLLM 0.10.2" in ready.message
+    # an image whose release is unknown is trusted, and a single-node plan is not held to LWS's naming rules
+    assert desire(_world(_spec_document(serving={"image": "registry.local/serving:prod"})), {}).writes
+    fp8 = _spec_document(model={"name": "meta-llama/Llama-3.1-405B-Instruct", "precision": "fp8"})
+    assert next(w.kind for w in desire(_named("405b-llama", fp8), {}).writes) == WriteKind.DEPLOYMENT

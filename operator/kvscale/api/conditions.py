@@ -43,6 +43,7 @@ class Reason(StrEnum):
     INSUFFICIENT_MEMORY = "InsufficientMemory"
     MAX_REPLICAS_TOO_LOW = "MaxReplicasTooLow"
     LEADER_WORKER_SET_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
+    MULTI_NODE_NOT_RUNNABLE = "MultiNodeNotRunnable"
 
 
 # Plan.binding_constraint of an infeasible plan -> the Infeasible condition's reason.

@@ -52,7 +52,12 @@ from kvscale.kube.builders import (
     selector_string,
 )
 from kvscale.kube.cluster import EventRecord
-from kvscale.kube.leaderworkerset import build_leader_worker_set, leader_selector, leader_worker_set_name
+from kvscale.kube.leaderworkerset import (
+    build_leader_worker_set,
+    leader_selector,
+    leader_worker_set_name,
+    multi_node_problems,
+)
 from kvscale.kube.state import (
     count_free_replica_slots,
     count_gpu_capacity,
@@ -227,7 +232,12 @@ def desire(world: World, default_prices: Mapping[str, float]) -> Intent:
         return _infeasible(run, plan)
     multi_node = plan.chosen.pipeline_parallel > 1
     if multi_node and not world.leader_worker_sets_served:
-        return _multi_node(run, plan, plan.chosen)
+        return _multi_node(run, plan, Reason.LEADER_WORKER_SET_NOT_INSTALLED, multi_node_message(plan.chosen))
+    if multi_node and (problems := multi_node_problems(run.owner.name, spec)):
+        return _multi_node(run, plan, Reason.MULTI_NODE_NOT_RUNNABLE,
+                           f"The plan needs {plan.chosen.pipeline_parallel} nodes per replica ({plan.chosen.layout}), "
+                           f"run as a LeaderWorkerSet, and it cannot run: {'; '.join(problems)}. kvscale writes "
+                           "nothing until then and leaves an existing Deployment as it is.")
     if multi_node != run.multi_node:
         run = _Pass(world, multi_node=multi_node)
     return _planned(run, spec, inputs, plan, plan.chosen)
@@ -279,18 +289,18 @@ def multi_node_message(chosen: Candidate) -> str:
             "with a smaller precision (e.g. fp8) or larger GPUs in spec.gpu.types.")
 
 
-def _multi_node(run: _Pass, plan: Plan, chosen: Candidate) -> Intent:
-    """A feasible multi-node plan on a cluster without LeaderWorkerSet: shown in status (plan and predictions),
-    nothing written, Ready False with LeaderWorkerSetNotInstalled, one Warning event when that starts."""
+def _multi_node(run: _Pass, plan: Plan, reason: Reason, message: str) -> Intent:
+    """A feasible multi-node plan that cannot run here (no LeaderWorkerSet API, or a name or image LWS or the
+    engine would refuse): shown in status (plan and predictions), nothing written, Ready False with `reason`,
+    one Warning event when that starts or its message changes."""
     conditions = run.condition(_plan_conditions(run, plan), ConditionType.READY, ConditionStatus.FALSE,
-                               Reason.LEADER_WORKER_SET_NOT_INSTALLED, multi_node_message(chosen))
+                               reason, message)
     status = run.base.model_copy(update={"plan": build_plan_status(plan), "predicted": build_predicted_status(plan),
                                          "conditions": _only(conditions, _INFEASIBLE)})
     ready = find_condition(run.previous.conditions, ConditionType.READY) if run.previous else None
     events = []
-    if ready is None or ready.reason != Reason.LEADER_WORKER_SET_NOT_INSTALLED:
-        events.append(EventRecord("Warning", EventReason.LEADER_WORKER_SET_NOT_INSTALLED.value,
-                                  multi_node_message(chosen)))
+    if ready is None or (ready.reason, ready.message) != (reason, message):
+        events.append(EventRecord("Warning", EventReason(reason.value).value, message))
     return Intent(status=status, events=tuple(events))
 
 

@@ -9,6 +9,7 @@ class EventReason(StrEnum):
     PLANNED = "Planned"
     INFEASIBLE = "Infeasible"
     LEADER_WORKER_SET_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
+    MULTI_NODE_NOT_RUNNABLE = "MultiNodeNotRunnable"
     INVALID_SPEC = "InvalidSpec"
     DEPLOYMENT_CREATED = "DeploymentCreated"
     DEPLOYMENT_UPDATED = "DeploymentUpdated"

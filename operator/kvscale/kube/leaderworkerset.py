@@ -9,9 +9,10 @@ address and its own index (LWS_LEADER_ADDRESS, LWS_WORKER_INDEX) through its pod
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from kvscale.api.spec import LLMDeploymentSpec, Precision
+from kvscale.api.spec import Engine, LLMDeploymentSpec, Precision
 from kvscale.catalog import GpuSpec
 from kvscale.kube.builders import (
     SPEC_HASH_ANNOTATION,
@@ -26,7 +27,7 @@ from kvscale.kube.builders import (
     scrape_annotations,
     selector_labels,
 )
-from kvscale.kube.engines import engine_args
+from kvscale.kube.engines import engine_args, image_for, vllm_release_of
 from kvscale.planner import Candidate
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -41,6 +42,35 @@ def leader_worker_set_name(name: str) -> str:
     headless Service of the LWS's own name (the leader address the workers join), and `name` is the Service
     that clients use, as for a Deployment."""
     return f"{name}-lws"
+
+
+# LWS's webhook requires its name to be a DNS-1035 label (it names the headless Service); each group is a
+# StatefulSet `<lws>-<group>`, and a StatefulSet's name may be at most 52 characters (its pods' revision label).
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+STATEFUL_SET_NAME_MAX = 52
+# vLLM's multi-node launch without Ray (--nnodes/--node-rank/--master-addr, --headless): PR #23691, in 0.11.0.
+MULTI_NODE_SINCE_VLLM = (0, 11, 0)
+
+
+def multi_node_problems(name: str, spec: LLMDeploymentSpec) -> list[str]:
+    """Why a LeaderWorkerSet for LLMDeployment `name` could not run, each with what to change; [] when it can."""
+    problems = []
+    lws = leader_worker_set_name(name)
+    groups_digits = len(str(max(spec.scaling.max_replicas - 1, 0)))
+    longest = STATEFUL_SET_NAME_MAX - 1 - groups_digits - len("-lws")
+    if not _DNS_1035_LABEL.match(lws) or len(lws) + 1 + groups_digits > STATEFUL_SET_NAME_MAX:
+        problems.append(
+            f"the LeaderWorkerSet would be named {lws!r}, which LWS refuses: it must be a DNS-1035 label (lowercase "
+            f"letters, digits and '-', starting with a letter) short enough for its groups' StatefulSets "
+            f"({lws}-<group>, at most {STATEFUL_SET_NAME_MAX} characters): rename the LLMDeployment to such a name "
+            f"of at most {longest} characters")
+    image = image_for(spec.serving.engine, spec.serving.image)
+    release = vllm_release_of(image) if spec.serving.engine == Engine.VLLM else None
+    if release is not None and release < MULTI_NODE_SINCE_VLLM:
+        problems.append(
+            f"spec.serving.image {image} runs vLLM {'.'.join(map(str, release))}, which has no multi-node launch "
+            "without Ray (--nnodes, --node-rank, --headless: vLLM 0.11.0 or later): use a newer image")
+    return problems
 
 
 def leader_selector(owner: Owner) -> dict[str, str]:

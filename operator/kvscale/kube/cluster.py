@@ -33,6 +33,9 @@ FIELD_MANAGER = "kvscale"
 # Every call gets a deadline: a hung API server (etcd gone, say) must fail a pass, not stall it forever.
 REQUEST_TIMEOUT_S = 30.0
 NODES_MAX_AGE_S = 5.0
+# Where the LeaderWorkerSet API is absent (most clusters), discovery is asked again at most this often:
+# every reconcile pass reads it, and a discovery round lists every API group.
+API_ABSENT_RECHECK_S = 60.0
 DEFAULT_CONNECTIONS = 10  # the official client's default pool: 5 per CPU here
 T = TypeVar("T")
 
@@ -107,6 +110,7 @@ class Cluster:
         self._events = self._dynamic.resources.get(api_version="v1", kind="Event")
         self._llmds = self._dynamic.resources.get(api_version=f"{API_GROUP}/{API_VERSION}", kind=KIND)
         self._leader_worker_sets: Any = None  # discovered on first use: the CRD may come later
+        self._leader_worker_sets_missing_at: float | None = None  # monotonic time of the last miss
         self._nodes_read: tuple[float, list[dict[str, Any]]] | None = None
         self._nodes_lock = threading.Lock()
 
@@ -167,10 +171,14 @@ class Cluster:
     def leader_worker_sets(self) -> Any | None:
         """The LeaderWorkerSet resource (sigs.k8s.io/lws), or None while the API server does not serve it."""
         if self._leader_worker_sets is None:
+            missed = self._leader_worker_sets_missing_at
+            if missed is not None and time.monotonic() - missed < API_ABSENT_RECHECK_S:
+                return None
             try:
                 self._leader_worker_sets = self._dynamic.resources.get(api_version=LWS_API_VERSION, kind=LWS_KIND)
             except ResourceNotFoundError:
-                with contextlib.suppress(Exception):  # discovery is cached: look again next time
+                self._leader_worker_sets_missing_at = time.monotonic()
+                with contextlib.suppress(Exception):  # discovery is cached: the next look must ask again
                     self._dynamic.resources.invalidate_cache()
                 return None
             except _TRANSPORT_ERRORS as exc:

@@ -226,3 +226,18 @@ def load_document(path: Path, name: str | None = None, **spec_changes: Any) -> d
             node = node.setdefault(key, {})
         node[leaf] = value
     return document
+
+
+def wait_nodes_free(kube: Kube, product: str, timeout: float = 120) -> None:
+    """Wait until no pod (of any namespace: earlier tests' namespaces are deleted in the background) is
+    bound to a node labelled nvidia.com/gpu.product=`product`: tests that need every such node (whole
+    multi-node groups) start from a free cluster, not from what the previous test left terminating."""
+    def free() -> bool:
+        nodes = json.loads(kube.kubectl("get", "nodes", "-l", f"nvidia.com/gpu.product={product}", "-o", "json",
+                                        check=True).stdout)["items"]
+        names = {n["metadata"]["name"] for n in nodes}
+        pods = json.loads(kube.kubectl("get", "pods", "-A", "-o", "json", check=True).stdout)["items"]
+        return not [p for p in pods if (p.get("spec") or {}).get("nodeName") in names
+                    and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+    wait_until(free, timeout, f"no pod left on the {product} nodes")

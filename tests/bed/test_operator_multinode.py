@@ -23,6 +23,7 @@ from operator_harness import (
     load_document,
     running_operator,
     wait_condition,
+    wait_nodes_free,
 )
 
 from kvscale.api.spec import load_resource
@@ -31,6 +32,7 @@ from kvscale.planner import build_plan_inputs, plan_deployment
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_405B = ROOT / "examples/llama-3.1-405b-h100.yaml"
 LEADER = "leaderworkerset.sigs.k8s.io/worker-index=0"
+H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,7 @@ def test_every_multi_node_example_yields_a_leader_worker_set(
 def test_groups_of_two_nodes_run_scale_as_units_and_are_counted_against_nodes(
         kube: Kube, operator: RunningOperator, namespace: str) -> None:
     name = "llama-405b"
+    wait_nodes_free(kube, H100)  # two groups take all four H100 nodes
     apply(kube, namespace, load_document(EXAMPLE_405B, **{"scaling.mode": "Off", "replicas": 1}))
     wait_until(lambda: ready_groups(kube, namespace, name, 1), 120, "one Ready group")
     group = wait_until(lambda: running_pods(kube, namespace, 2), 60, "two Running pods")

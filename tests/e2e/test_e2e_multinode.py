@@ -15,7 +15,7 @@ from typing import Any
 from bedkit import wait_until
 from e2ekit import TIME_SCALE, Stack, llmdeployment
 from loadgen import LoadGenerator, rate_scale_for, replay_schedule
-from operator_harness import apply, get, load_document
+from operator_harness import apply, get, load_document, wait_nodes_free
 
 EXAMPLE_405B = Path(__file__).resolve().parents[2] / "examples/llama-3.1-405b-h100.yaml"
 MODEL = "meta-llama/Llama-3.1-405B-Instruct"
@@ -30,6 +30,7 @@ def groups(stack: Stack, name: str) -> tuple[int, int]:
 
 def test_a_multi_node_deployment_scales_whole_groups_under_replayed_load(stack: Stack) -> None:
     name = "llama-405b"
+    wait_nodes_free(stack.kube, "NVIDIA-H100-80GB-HBM3")  # two groups take all four H100 nodes
     apply(stack.kube, stack.namespace, load_document(EXAMPLE_405B, name=name, **{
         "workload.requestsPerSecond": 0.5, "workload.inputTokens": 1155, "workload.outputTokens": 211,
         "scaling.mode": "Auto", "scaling.minReplicas": 1, "scaling.maxReplicas": 2,

@@ -64,6 +64,9 @@ def test_a_405b_plan_becomes_a_leader_worker_set_of_two_node_groups() -> None:
     intent = desire(_world(), {})
     lws = _written(intent, WriteKind.LEADER_WORKER_SET)
     assert [w.kind for w in intent.writes] == [WriteKind.LEADER_WORKER_SET, WriteKind.SERVICE]
+    images = {c["image"] for t in ("leaderTemplate", "workerTemplate")
+              for c in lws["spec"]["leaderWorkerTemplate"][t]["spec"]["containers"]}
+    assert images == {"vllm/vllm-openai:v0.11.1"}  # the first vLLM with --nnodes; single-node keeps v0.11.0
     assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1" and lws["kind"] == "LeaderWorkerSet"
     assert lws["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
     template = lws["spec"]["leaderWorkerTemplate"]
@@ -197,9 +200,9 @@ def test_a_name_or_image_lws_or_vllm_would_refuse_is_reported_and_nothing_is_wri
         assert [e.reason for e in intent.events].count("MultiNodeNotRunnable") == 1
     # the longest that fits: groups 0-3 (maxReplicas 4) -> "<46>-lws-3" is 52 characters
     assert desire(_named("l" * 46), {}).writes
-    old = _spec_document(serving={"image": "vllm/vllm-openai:v0.10.2"})
+    old = _spec_document(serving={"image": "vllm/vllm-openai:v0.11.0"})  # the single-node default: no --nnodes
     ready = find_condition(desire(_world(old), {}).status.conditions, ConditionType.READY)
-    assert ready is not None and ready.reason == "MultiNodeNotRunnable" and "vLLM 0.10.2" in ready.message
+    assert ready is not None and ready.reason == "MultiNodeNotRunnable" and "vLLM 0.11.0" in ready.message
     # an image whose release is unknown is trusted, and a single-node plan is not held to LWS's naming rules
     assert desire(_world(_spec_document(serving={"image": "registry.local/serving:prod"})), {}).writes
     fp8 = _spec_document(model={"name": "meta-llama/Llama-3.1-405B-Instruct", "precision": "fp8"})

@@ -116,7 +116,7 @@ def build_engine_launch(spec: LLMDeploymentSpec, chosen: Candidate, native_preci
         precision=spec.model.precision or native_precision,
         native_precision=native_precision,
         kv_cache_dtype=spec.model.kv_cache_dtype,
-        image=image_for(spec.serving.engine, spec.serving.image),
+        image=image_for(spec.serving.engine, spec.serving.image, multi_node=chosen.pipeline_parallel > 1),
         pipeline_parallel=chosen.pipeline_parallel,
     )
 

@@ -55,8 +55,17 @@ class EngineLaunch:
     pipeline_parallel: int = 1  # stages, one node each: >1 is a multi-node replica (a LeaderWorkerSet group)
 
 
-def image_for(engine: Engine, image: str | None) -> str:
-    return image or DEFAULT_IMAGES[engine]
+# A replica over several nodes needs the engine's multi-node launch without Ray: vLLM's --nnodes/--node-rank/
+# --master-addr came in 0.11.1 (PR #23691; absent from the 0.11.0 wheel's arg_utils.py, present in 0.11.1's).
+# Single-node replicas keep DEFAULT_IMAGES: changing it would roll every existing Deployment.
+MULTI_NODE_DEFAULT_IMAGES: Mapping[Engine, str] = {
+    Engine.VLLM: "vllm/vllm-openai:v0.11.1",
+    Engine.SGLANG: DEFAULT_IMAGES[Engine.SGLANG],
+}
+
+
+def image_for(engine: Engine, image: str | None, multi_node: bool = False) -> str:
+    return image or (MULTI_NODE_DEFAULT_IMAGES if multi_node else DEFAULT_IMAGES)[engine]
 
 
 def vllm_release_of(image: str) -> tuple[int, int, int] | None:

@@ -48,8 +48,9 @@ def leader_worker_set_name(name: str) -> str:
 # StatefulSet `<lws>-<group>`, and a StatefulSet's name may be at most 52 characters (its pods' revision label).
 _DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 STATEFUL_SET_NAME_MAX = 52
-# vLLM's multi-node launch without Ray (--nnodes/--node-rank/--master-addr, --headless): PR #23691, in 0.11.0.
-MULTI_NODE_SINCE_VLLM = (0, 11, 0)
+# vLLM's multi-node launch without Ray (--nnodes/--node-rank/--master-addr with --headless): PR #23691, first
+# released in 0.11.1 (checked in the 0.11.0, 0.11.1, 0.11.2 and 0.12.0 wheels' vllm/engine/arg_utils.py).
+MULTI_NODE_SINCE_VLLM = (0, 11, 1)
 
 
 def multi_node_problems(name: str, spec: LLMDeploymentSpec) -> list[str]:
@@ -64,12 +65,12 @@ def multi_node_problems(name: str, spec: LLMDeploymentSpec) -> list[str]:
             f"letters, digits and '-', starting with a letter) short enough for its groups' StatefulSets "
             f"({lws}-<group>, at most {STATEFUL_SET_NAME_MAX} characters): rename the LLMDeployment to such a name "
             f"of at most {longest} characters")
-    image = image_for(spec.serving.engine, spec.serving.image)
+    image = image_for(spec.serving.engine, spec.serving.image, multi_node=True)
     release = vllm_release_of(image) if spec.serving.engine == Engine.VLLM else None
     if release is not None and release < MULTI_NODE_SINCE_VLLM:
         problems.append(
             f"spec.serving.image {image} runs vLLM {'.'.join(map(str, release))}, which has no multi-node launch "
-            "without Ray (--nnodes, --node-rank, --headless: vLLM 0.11.0 or later): use a newer image")
+            "without Ray (--nnodes, --node-rank, --master-addr: vLLM 0.11.1 or later): use a newer image")
     return problems
 
 

@@ -26,14 +26,22 @@ pid_of() {
   printf '%s\n' "$pid"
 }
 
-# Prints the last lines of every log of the bed (for failures).
+# Prints the last lines of the bed's component logs (for failures). The simulators' and the per-test
+# operators' logs (dozens in a full run) are only listed: their tails would push a failure's own lines
+# out of the slice of the output a CI report shows. They stay in $LOGS.
 tail_logs() {
-  local n=${1:-40} f
+  local n=${1:-40} f skipped=()
   [ -d "$LOGS" ] || return 0
   for f in "$LOGS"/*.log; do
     [ -e "$f" ] || continue
+    case $(basename "$f") in
+      llm-d-inference-sim-*|kvscale-*) skipped+=("$(basename "$f")"); continue ;;
+    esac
     printf '\n===== last %s lines of %s =====\n' "$n" "$f" >&2
     # kwok's per-node heartbeats dropped; long lines cut so the tails stay readable in a CI report
     grep -v '"msg":"Syncing lease"' "$f" | tail -n "$n" | cut -c1-300 >&2
   done
+  if [ ${#skipped[@]} -gt 0 ]; then
+    printf '\n===== %s simulator and per-test operator logs in %s, not shown =====\n' "${#skipped[@]}" "$LOGS" >&2
+  fi
 }

@@ -26,12 +26,13 @@ fi
 T1=$(date +%s)
 tb_log "bed up in $((T1 - T0))s; running the bed tests"
 
-# A per-test deadline (pytest-timeout) so a hung test fails the run instead of stalling CI.
+# A per-test deadline (pytest-timeout) so a hung test fails the run instead of stalling CI; the 15
+# slowest tests are listed (where the CI budget goes).
 # Its output is kept so that a failure's own lines can be repeated last, below the long log tails
 # (a CI report shows only the end of the output).
 PYTEST_OUT="$LOGS/../pytest-bed.out"
 # shellcheck disable=SC2086 # the test paths are words
-KVSCALE_BED=1 "$PYTEST" -q -rfE --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" ${KVSCALE_BED_TESTS:-tests/bed tests/e2e} "$@" \
+KVSCALE_BED=1 "$PYTEST" -q -rfE --durations=15 --timeout="${KVSCALE_BED_TEST_TIMEOUT_S:-300}" ${KVSCALE_BED_TESTS:-tests/bed tests/e2e} "$@" \
   2>&1 | tee "$PYTEST_OUT"
 rc=${PIPESTATUS[0]}
 tb_log "pytest exit $rc after $(($(date +%s) - T1))s"

@@ -19,7 +19,13 @@ from kvscale.autoscaler import (
     decide,
 )
 from kvscale.autoscaler.forecast import Forecaster
-from kvscale.autoscaler.policy import ScaleDecision, _with_assumed_tail, build_calibration_sample, replica_goodput
+from kvscale.autoscaler.policy import (
+    ScaleDecision,
+    _with_assumed_tail,
+    build_calibration_sample,
+    replica_goodput,
+    replica_throughput,
+)
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, BelowResolution
 from kvscale.perfmodel import (
     RequestShape,
@@ -105,6 +111,26 @@ def test_scale_down_waits_for_the_window_then_steps_gently() -> None:
     quiet = ScalingHistory().add(NOW - 1000, 8).add(NOW - 250, 1)
     late = decide(_load(0.1), context, quiet, NOW)
     assert late.action == "scale-down" and late.desired_replicas == 8 - 2  # a quarter at most per step
+
+
+def test_where_no_load_meets_the_slos_the_fleet_still_follows_the_load() -> None:
+    # A server four times slower than modelled (calibration's bound) misses a 20 ms TPOT at any load: the
+    # SLO goodput is 0. Replicas are then sized for throughput, up with the load and down once it goes
+    # (found on the bed: a 405B fleet scaled up by a surge held its second group for good).
+    slow = replace(_context(current=4, scale_down_stabilization_seconds=300),
+                   calibration=Calibration(decode_factor=0.25))
+    context = replace(slow, spec=slow.spec.model_copy(update={"slo": slow.spec.slo.model_copy(update={"tpot_ms": 20})}))
+    assert _goodput(context) == 0.0
+    throughput = replica_throughput(context, _with_assumed_tail(RequestShape(1024, 256), context.spec))
+    assert throughput > 0.0
+    busy = decide(_load(6 * throughput, tpot_s=None), context, ScalingHistory(), NOW)
+    assert busy.desired_replicas > 4 and "no load meets the SLOs" in busy.reason
+    assert busy.goodput_requests_per_s == 0.0  # status reports the SLO goodput, not the sizing rate
+    gone = Observation(sampled_at_s=NOW, pods_scraped=4, request_rate=0.0, mean_input_tokens=None,
+                       mean_output_tokens=None, running_requests=0.0, waiting_requests=0.0, kv_cache_usage=0.0,
+                       ttft_s=None, tpot_s=None)
+    quiet = ScalingHistory().add(NOW - 1000, 4).add(NOW - 250, 1)
+    assert decide(gone, context, quiet, NOW).desired_replicas < 4
 
 
 def test_no_scale_down_right_after_a_restart() -> None:

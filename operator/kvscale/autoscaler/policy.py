@@ -29,6 +29,7 @@ from kvscale.autoscaler.engine_work import EngineWork
 from kvscale.autoscaler.forecast import BUCKET_S, Forecast, Forecaster, ForecastState
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
+from kvscale.perfmodel.serving import max_request_rate
 from kvscale.planner.search import planned_shape
 from kvscale.units import ms_to_s
 
@@ -55,6 +56,11 @@ BREACH_TOLERANCE = 0.1
 # A load rises (and no replica goes) while Holt's trend expects a rise beyond noise and each of the last
 # this many closed minutes was busier than the one before: a trend alone outlives the rise that set it.
 RISING_BUCKETS = 3
+# Where the calibrated model says no load meets the SLOs (the servers are slower than they allow), no
+# replica count restores them; replicas are then sized for throughput, at this share of a replica's
+# saturation rate, so the queue stays bounded and the fleet still follows the load (holding it instead
+# kept a surge's replicas for good once the surge had gone).
+UNATTAINABLE_SLO_LOAD = 0.8
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,15 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
     return goodput
 
 
+def replica_throughput(context: ReplicaContext, shape: RequestShape) -> float:
+    """Requests/s one replica serves at UNATTAINABLE_SLO_LOAD of its saturation, under the calibrated
+    model: the sizing rate where no load meets the SLOs."""
+    model = build_replica_model(replace(context.setup,
+                                        efficiency=context.calibration.efficiency(context.setup.efficiency)))
+    slots = np.array([replica_slots(context, shape)], dtype=np.float64)
+    return UNATTAINABLE_SLO_LOAD * float(max_request_rate(model, shape, slots)[0])
+
+
 def build_calibration_sample(context: ReplicaContext, observation: Observation, *,
                              prefill_mean_s: float | None) -> CalibrationSample:
     """One window's calibration input, per replica. Percentiles only count as steady (tail-worthy) when
@@ -315,7 +330,7 @@ def _trend_rise(forecasts: ForecastState, arrivals: float) -> float | None:
 
 def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
                arrivals: float, burst_excess: float, shape: RequestShape,
-               forecast: Forecast) -> tuple[int, str, list[str]]:
+               forecast: Forecast, slo_attainable: bool = True) -> tuple[int, str, list[str]]:
     """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
 
     Corrections for breaches and queues scale from Ready replicas only: replicas still loading a model
@@ -340,8 +355,11 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
         trend = f" (bursts: {burst:.2f} req/s in the last {window_s} s)"
     elif trended > arrival + 1e-9:
         trend = f" ({forecast.forecaster.value} forecast: {trended:.2f} req/s in {forecast.horizon_s:.0f} s)"
-    reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over calibrated "
-               f"goodput {goodput:.2f} req/s per replica{_shape_text(shape, spec)} -> {wanted}"]
+    per_replica = (f"calibrated goodput {goodput:.2f} req/s per replica" if slo_attainable else
+                   f"{goodput:.2f} req/s per replica ({UNATTAINABLE_SLO_LOAD:.0%} of its throughput: no load meets "
+                   "the SLOs under the calibrated model)")
+    reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over "
+               f"{per_replica}{_shape_text(shape, spec)} -> {wanted}"]
     breaches = []
     p = f"p{spec.slo.percentile:g}"
     if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms * (1 + BREACH_TOLERANCE):
@@ -396,6 +414,9 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
 
     shape = context.calibration.shape(_with_assumed_tail(_shape(observation, spec), spec))
     goodput = replica_goodput(context, shape)
+    slo_attainable = goodput > 0.0
+    if not slo_attainable:
+        goodput = replica_throughput(context, shape)
     arrivals = _arrivals(observation, history)
     excess = _burst_excess(observation, max(arrivals, history.sustained_level(observation.sampled_at_s,
                                                                                observation.window_s)))
@@ -404,7 +425,8 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         observation.sampled_at_s, arrivals)
     history = replace(history, forecasts=forecasts)
     forecast = forecasts.forecast(context.forecaster)
-    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess, shape, forecast)
+    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess, shape, forecast,
+                                          slo_attainable)
     history = history.with_ready(observation.sampled_at_s, context.ready_replicas)
     demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     # Remembered for two windows: bursts are held where two or more fall within them.
@@ -455,5 +477,5 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     verb = {"scale-up": "scale up", "scale-down": "scale down", "hold": "hold"}[action]
     reason = f"{verb} {current} -> {desired}: " + "; ".join(reasons)
     return ScaleDecision(desired_replicas=desired, recommended_replicas=recommended, reason=reason, action=action,
-                         binding=binding, capacity_limited=capacity_limited, goodput_requests_per_s=goodput,
-                         history=history, forecast=forecast)
+                         binding=binding, capacity_limited=capacity_limited,
+                         goodput_requests_per_s=goodput if slo_attainable else 0.0, history=history, forecast=forecast)

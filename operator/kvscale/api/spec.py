@@ -46,6 +46,14 @@ class ScalingMode(StrEnum):
     OFF = "Off"
 
 
+class ReplanMode(StrEnum):
+    """Re-planning on the served traffic: Recommend re-runs the planner on the observed workload and
+    reports a cheaper configuration in status.recommendation; Off never re-plans."""
+
+    RECOMMEND = "Recommend"
+    OFF = "Off"
+
+
 class ForecastMode(StrEnum):
     """Which arrival-rate forecast the scaler sizes for: Auto picks, per deployment, the one with the
     lowest rolling backtest loss on its own history; the others pin one."""
@@ -291,6 +299,25 @@ class ScalingSection(ApiModel):
               "lowest rolling backtest loss on this deployment's history), LastValue (purely reactive), "
               "HoltWinters (level, damped trend, daily season) or BurstEnvelope (the recent peak)."),
     ] = ForecastMode.AUTO
+    replan: Annotated[
+        ReplanMode,
+        Field(description="Recommend: re-run the planner on the traffic served (calibrated request shape, "
+              "per-minute rates of the last day, measured prefix-cache hits) within spec.gpu.types and the "
+              "replica bounds, and report a configuration that costs at least replanMinSavings less, sustained "
+              "for replanSustainSeconds, in status.recommendation (not applied). Off: never."),
+    ] = ReplanMode.RECOMMEND
+    replan_min_savings: Annotated[
+        float, Field(ge=0.01, le=0.9, description="Recommend another configuration only when it costs at least "
+                     "this fraction less than the running one on the observed traffic (0.15 = 15%).")
+    ] = 0.15
+    replan_sustain_seconds: Annotated[
+        int, Field(ge=0, le=7 * 86_400, description="The saving must hold at every re-plan over this window "
+                   "before it is recommended (a passing change of traffic recommends nothing).")
+    ] = 1800
+    replan_interval_seconds: Annotated[
+        int, Field(ge=30, le=86_400, description="Re-plan at most this often, and sooner when the calibrated "
+                   "request shape moves more than 20% from the one last planned on.")
+    ] = 300
 
     @field_validator("min_replicas", mode="before")
     @classmethod

@@ -296,6 +296,70 @@ class ScaleDecisionStatus(StatusModel):
     reason: Annotated[str, Field(description="Why, in words (signal, value and threshold).")]
 
 
+class ConfigurationCostStatus(StatusModel):
+    """One serving configuration priced on the served traffic, run as the autoscaler would run it."""
+
+    gpu_type: Annotated[str, Field(description="GPU type.")]
+    tensor_parallel: Annotated[int, Field(ge=1, description="Tensor-parallel degree (--tensor-parallel-size).")]
+    pipeline_parallel: Annotated[int, Field(ge=1, description="Pipeline-parallel degree (nodes per replica).")] = 1
+    max_num_seqs: Annotated[int, Field(ge=1, description="--max-num-seqs.")]
+    max_model_len: Annotated[int, Field(ge=1, description="--max-model-len.")]
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, description="--gpu-memory-utilization.")]
+    goodput_requests_per_second: Annotated[
+        float, Field(ge=0, description="Requests/s one replica sustains with both SLOs held, calibrated model.")
+    ]
+    mean_replicas: Annotated[float, Field(ge=0, description="Replicas over the served minutes, on average.")]
+    peak_replicas: Annotated[int, Field(ge=0, description="Replicas at the busiest served minute.")]
+    cost_per_hour: Annotated[float, Field(ge=0, description="Mean cost over the served minutes, $/h.")]
+    minutes_short: Annotated[
+        int, Field(ge=0, description="Served minutes whose demand needs more replicas than maxReplicas.")
+    ] = 0
+    ttft_ms: Annotated[
+        float | None, Field(ge=0, description="Predicted TTFT at the SLO percentile at the mean served rate, ms.")
+    ] = None
+    tpot_ms: Annotated[
+        float | None, Field(ge=0, description="Predicted TPOT at the SLO percentile at the mean served rate, ms.")
+    ] = None
+
+
+class ServedWorkloadStatus(StatusModel):
+    """The traffic a re-plan was computed on."""
+
+    input_tokens: Annotated[float, Field(ge=0, description="Calibrated mean prompt length, tokens.")]
+    output_tokens: Annotated[float, Field(ge=0, description="Calibrated mean output length, tokens.")]
+    prefix_cache_hit_rate: Annotated[float, Field(ge=0, le=1, description="Share of prompt tokens cached.")] = 0.0
+    requests_per_second: Annotated[float, Field(ge=0, description="Mean arrivals/s over the minutes.")]
+    peak_requests_per_second: Annotated[float, Field(ge=0, description="Busiest minute's arrivals/s.")]
+    minutes: Annotated[int, Field(ge=0, description="Closed minutes of arrivals priced (the last day at most).")]
+
+
+class RecommendationStatus(StatusModel):
+    """The last re-plan on the served traffic (spec.scaling.replan: Recommend): the running configuration and
+    the cheapest the spec allows, both priced on the same traffic; recommended once the saving holds."""
+
+    evaluated_at: Annotated[Rfc3339, Field(description="When the re-plan ran (RFC 3339).")]
+    served: Annotated[ServedWorkloadStatus, Field(description="The traffic both configurations were priced on.")]
+    current: Annotated[
+        ConfigurationCostStatus | None,
+        Field(description="The running configuration; empty when it holds no SLO on the served traffic."),
+    ] = None
+    proposed: Annotated[
+        ConfigurationCostStatus | None,
+        Field(description="The cheapest configuration the spec allows on the served traffic (may be the running one)."),
+    ] = None
+    savings_pct: Annotated[float, Field(description="Cost saved by the proposed configuration, % of the current; 0 "
+                                        "when the running one holds no SLO on the served traffic (see current).")]
+    cheaper_since: Annotated[
+        Rfc3339 | None,
+        Field(description="Since when every re-plan found a configuration at least replanMinSavings cheaper "
+              "than the running one (or the running one holding no SLO on the served traffic)."),
+    ] = None
+    recommended: Annotated[
+        bool, Field(description="The proposal has been at least replanMinSavings cheaper for replanSustainSeconds.")
+    ] = False
+    reason: Annotated[str, Field(description="Why, in words.")]
+
+
 class LLMDeploymentStatus(StatusModel):
     """Observed state of an LLMDeployment, written only by the operator."""
 
@@ -348,6 +412,10 @@ class LLMDeploymentStatus(StatusModel):
     ] = None
     forecast: Annotated[
         ForecastStatus | None, Field(description="The arrival-rate forecast the autoscaler sized for.")
+    ] = None
+    recommendation: Annotated[
+        RecommendationStatus | None,
+        Field(description="Re-planning on the served traffic: a cheaper configuration, when one holds the SLOs."),
     ] = None
     conditions: Annotated[
         list[Condition],

@@ -147,6 +147,7 @@ class ForecastState:
     bucket_sum: float = 0.0
     bucket_samples: int = 0
     recent: tuple[float, ...] = ()  # closed bucket rates, newest last (the burst envelope's memory)
+    day: tuple[float, ...] = ()  # the last day's closed bucket rates, newest last (what re-planning prices)
     holt_winters: _HoltWinters = field(default_factory=_HoltWinters)
     # (target bucket index, forecaster, predicted) made when earlier buckets closed, awaiting their target
     pending: tuple[tuple[int, Forecaster, float], ...] = ()
@@ -191,7 +192,7 @@ class ForecastState:
                 still.append((target, forecaster, predicted))
         recent = (*self.recent, value)[-max(BURST_ENVELOPE_BUCKETS, 1):]
         state = replace(self, bucket_index=index, recent=recent, holt_winters=self.holt_winters.update(value),
-                        scores=tuple(scores.items()))
+                        scores=tuple(scores.items()), day=(*self.day, value)[-SEASON_BUCKETS:])
         ahead = state._ahead()
         made = tuple((index + ahead, f, state._predict(f, ahead)) for f in Forecaster)
         return replace(state, pending=(*still, *made), chosen=state._choose())

@@ -31,8 +31,9 @@ from kvscale.api.spec import LLMDeploymentSpec, ScalingMode, parse_spec
 from kvscale.api.status import Condition, ConditionStatus, LLMDeploymentStatus, headline_latencies_ms
 from kvscale.autoscaler import ScaleDecision
 from kvscale.catalog import GpuSpec
-from kvscale.controllers.autoscaling import autoscale
+from kvscale.controllers.autoscaling import autoscale, previous_calibration
 from kvscale.controllers.events import EventReason
+from kvscale.controllers.replanning import replan_due, replan_status, same_configuration
 from kvscale.controllers.world import (
     Intent,
     ObjectDelete,
@@ -209,7 +210,8 @@ class _Pass:
         self.base = LLMDeploymentStatus(
             observed_generation=self.generation, replicas=current, ready_replicas=ready,
             selector=selector_string(self.owner), calibration=kept.calibration, startup=kept.startup,
-            forecast=kept.forecast, last_scale_decision=kept.last_scale_decision, conditions=list(kept.conditions))
+            forecast=kept.forecast, last_scale_decision=kept.last_scale_decision, recommendation=kept.recommendation,
+            conditions=list(kept.conditions))
 
     def _owned(self, live: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         return live if live is not None and is_owned_by(live, self.owner.uid) else None
@@ -340,6 +342,8 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
         if spec.scaling.mode == ScalingMode.RECOMMEND and recommended is not None and (
                 previous is None or previous.last_scale_decision != recommended):
             events.append(EventRecord("Normal", EventReason.SCALE_RECOMMENDED.value, recommended.reason))
+        status, replan_events = _replanned(spec, inputs, chosen, status, world.scaling.history.forecasts.day, run.now)
+        events += replan_events
     evaluated = _PLANNED | ({ConditionType.METRICS_UNAVAILABLE} if metrics_kept else set())
     if previous is None or previous.plan != status.plan:
         events.append(EventRecord("Normal", EventReason.PLANNED.value, plan.explanation))
@@ -357,6 +361,22 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     scale_down = None if run.multi_node else _scale_down_prep(owner, run.owned, replicas, world)
     return Intent(status=status, writes=tuple(writes), events=tuple(events), decision=decision, tracks_writes=True,
                   scale_down=scale_down, deletes=_retire(run, chosen))
+
+
+def _replanned(spec: LLMDeploymentSpec, inputs: PlanInputs, chosen: Candidate, status: LLMDeploymentStatus,
+               minute_rates_per_s: Sequence[float], now: datetime) -> tuple[LLMDeploymentStatus, list[EventRecord]]:
+    """Re-plan on the served traffic when due (status.recommendation); one event when a proposal becomes
+    recommended or the recommended one changes."""
+    before = status.recommendation
+    calibration = previous_calibration(status)
+    if not replan_due(spec, before, calibration, len(minute_rates_per_s), now):
+        return status, []
+    after = replan_status(inputs, chosen, calibration, minute_rates_per_s, before, now)
+    events = []
+    if after.recommended and after.proposed is not None and (
+            before is None or not before.recommended or not same_configuration(before.proposed, after.proposed)):
+        events.append(EventRecord("Normal", EventReason.REPLAN_RECOMMENDED.value, after.reason))
+    return status.model_copy(update={"recommendation": after}), events
 
 
 def _retire(run: _Pass, chosen: Candidate) -> tuple[ObjectDelete, ...]:

@@ -23,6 +23,7 @@ class EventReason(StrEnum):
     CAPACITY_AVAILABLE = "CapacityAvailable"
     SCALED = "Scaled"
     SCALE_RECOMMENDED = "ScaleRecommended"
+    REPLAN_RECOMMENDED = "ReplanRecommended"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     METRICS_AVAILABLE = "MetricsAvailable"
     WRITE_FAILED = "WriteFailed"

@@ -54,6 +54,9 @@ class PlanInputs:
     arch: ModelArchitecture
     gpus: tuple[GpuSpec, ...]
     efficiency: EfficiencyFactors = DEFAULT_EFFICIENCY
+    # The request shape to plan for; None: the one the spec states (planned_shape). Re-planning passes
+    # the calibrated one, whose prompt tail was measured rather than assumed.
+    shape: RequestShape | None = None
 
 
 def build_plan_inputs(spec: LLMDeploymentSpec, config_json: dict[str, Any] | None = None,
@@ -165,7 +168,7 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1) -> _Evalua
     spec = inputs.spec
     arch = inputs.arch
     quantile = spec.slo.percentile / 100.0
-    shape = planned_shape(spec)
+    shape = inputs.shape or planned_shape(spec)
     setup = build_serving_setup(inputs, gpu, tp, pp)
     utilization = setup.gpu_memory_utilization
     where = replica_words(gpu, tp, pp)

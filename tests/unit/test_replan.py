@@ -83,6 +83,9 @@ def test_a_fleet_is_priced_minute_by_minute_within_the_bounds() -> None:
     assert cost.peak_replicas == 8 and cost.minutes_short == 1
     assert cost.mean_replicas == pytest.approx((1 + 2 + 8) / 3)
     assert cost.cost_per_hour == pytest.approx(cost.mean_replicas * RUNNING.gpus_per_replica * RUNNING.usd_per_gpu_hour)
+    # Going down, the replicas stay at the highest of the scale-down stabilization window (300 s: 5 minutes).
+    falling = price_on_traffic(RUNNING, SPEC, (20 * per_replica,) + (0.0,) * 9)
+    assert falling.mean_replicas == pytest.approx((8 * 6 + 1 * 4) / 10)
 
 
 def calibration(input_tokens: float = 6000.0, output_tokens: float = 150.0) -> Calibration:

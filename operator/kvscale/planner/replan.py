@@ -28,6 +28,8 @@ from kvscale.perfmodel.serving import RequestShape
 from kvscale.planner.plan import Candidate
 from kvscale.planner.search import PlanInputs, plan_deployment
 
+MINUTE_S = 60.0  # the rates priced are per closed minute (the forecaster's buckets)
+
 
 @dataclass(frozen=True)
 class ServedTraffic:
@@ -95,16 +97,20 @@ def served_spec(spec: LLMDeploymentSpec, traffic: ServedTraffic) -> LLMDeploymen
 
 
 def price_on_traffic(candidate: Candidate, spec: LLMDeploymentSpec, rates_per_s: Sequence[float]) -> FleetCost:
-    """The configuration run as the autoscaler would over `rates_per_s`: each minute
-    ceil(rate x (1 + headroom) / goodput) replicas, within the spec's bounds."""
+    """The configuration run as the autoscaler would over `rates_per_s` (one per minute): each minute
+    ceil(rate x (1 + headroom) / goodput) replicas within the spec's bounds, and no fewer than any minute
+    of the scale-down stabilization window asked for (the autoscaler keeps those, and a configuration whose
+    replicas are small pays that more often than one that sits at its floor)."""
     scaling = spec.scaling
     goodput = candidate.goodput_requests_per_s
-    counts: list[int] = []
+    wanted: list[int] = []
     short = 0
     for rate in rates_per_s or (0.0,):
         needed = math.ceil(rate * (1.0 + scaling.headroom) / goodput - 1e-9) if goodput > 0 else scaling.max_replicas
         short += needed > scaling.max_replicas
-        counts.append(min(max(needed, scaling.min_replicas), scaling.max_replicas))
+        wanted.append(min(max(needed, scaling.min_replicas), scaling.max_replicas))
+    held = max(0, math.ceil(scaling.scale_down_stabilization_seconds / MINUTE_S - 1e-9))
+    counts = [max(wanted[max(0, i - held):i + 1]) for i in range(len(wanted))]
     mean = sum(counts) / len(counts)
     return FleetCost(candidate=candidate, mean_replicas=mean, peak_replicas=max(counts),
                      cost_per_hour=mean * candidate.gpus_per_replica * candidate.usd_per_gpu_hour, minutes_short=short)

@@ -68,6 +68,16 @@ class Trace:
                        prefix_group=None if self.prefix_group is None else self.prefix_group[keep],
                        prefix_tokens=None if self.prefix_tokens is None else self.prefix_tokens[keep])
 
+    def after(self, start_s: float) -> Trace:
+        """The arrivals from `start_s` on, shifted to start at 0: the rest of a trace after a cut."""
+        if not 0 <= start_s < self.duration_s:
+            raise InvalidSpecError(f"a cut at {start_s} s is outside the trace's {self.duration_s} s")
+        keep = self.arrival_s >= start_s
+        return replace(self, arrival_s=self.arrival_s[keep] - start_s, input_tokens=self.input_tokens[keep],
+                       output_tokens=self.output_tokens[keep], duration_s=self.duration_s - start_s,
+                       prefix_group=None if self.prefix_group is None else self.prefix_group[keep],
+                       prefix_tokens=None if self.prefix_tokens is None else self.prefix_tokens[keep])
+
     def rate_per_window(self, window_s: float = 60.0) -> NDArray[np.float64]:
         """Arrivals/s in consecutive windows of `window_s` from the start."""
         bins = max(1, int(np.ceil(self.duration_s / window_s)))

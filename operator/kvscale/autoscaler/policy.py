@@ -28,7 +28,7 @@ from kvscale.autoscaler.calibration import Calibration, CalibrationSample
 from kvscale.autoscaler.engine_work import EngineWork
 from kvscale.autoscaler.forecast import BUCKET_S, Forecast, Forecaster, ForecastState
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
-from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_goodput
+from kvscale.perfmodel import ReplicaModel, RequestShape, ServingSetup, build_replica_model, estimate_goodput
 from kvscale.perfmodel.serving import max_request_rate
 from kvscale.planner.search import planned_shape
 from kvscale.units import ms_to_s
@@ -176,13 +176,18 @@ def replica_slots(context: ReplicaContext, shape: RequestShape) -> int:
     return min(context.max_num_seqs, max(1, by_cache))
 
 
-def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
-    """Requests/s one replica sustains with both SLOs held, under the calibrated model: its speed
-    factors rescale the model, its tail factors tighten the SLOs to what the model's percentiles
-    must stay under for the real percentiles to meet them."""
+def calibrated_replica_model(context: ReplicaContext) -> ReplicaModel:
+    """The replica's model with the calibrated speed factors."""
+    return build_replica_model(replace(context.setup,
+                                       efficiency=context.calibration.efficiency(context.setup.efficiency)))
+
+
+def replica_goodput(context: ReplicaContext, shape: RequestShape, model: ReplicaModel | None = None) -> float:
+    """Requests/s one replica sustains with both SLOs held, under the calibrated model (`model`, built
+    here when not given): its speed factors rescale the model, its tail factors tighten the SLOs to
+    what the model's percentiles must stay under for the real percentiles to meet them."""
     calibration = context.calibration
-    model = build_replica_model(replace(context.setup,
-                                        efficiency=calibration.efficiency(context.setup.efficiency)))
+    model = model or calibrated_replica_model(context)
     slo = context.spec.slo
     slots = np.array([replica_slots(context, shape)], dtype=np.float64)
     ttft_s = ms_to_s(slo.ttft_ms) / calibration.ttft_tail_factor
@@ -196,12 +201,11 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape) -> float:
     return goodput
 
 
-def replica_throughput(context: ReplicaContext, shape: RequestShape) -> float:
+def replica_throughput(context: ReplicaContext, shape: RequestShape, model: ReplicaModel | None = None) -> float:
     """Requests/s one replica serves at UNATTAINABLE_SLO_LOAD of its saturation, under the calibrated
     model: the sizing rate where no load meets the SLOs."""
-    model = build_replica_model(replace(context.setup,
-                                        efficiency=context.calibration.efficiency(context.setup.efficiency)))
     slots = np.array([replica_slots(context, shape)], dtype=np.float64)
+    model = model or calibrated_replica_model(context)
     return UNATTAINABLE_SLO_LOAD * float(max_request_rate(model, shape, slots)[0])
 
 
@@ -330,7 +334,7 @@ def _trend_rise(forecasts: ForecastState, arrivals: float) -> float | None:
 
 def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
                arrivals: float, burst_excess: float, shape: RequestShape,
-               forecast: Forecast, slo_attainable: bool = True) -> tuple[int, str, list[str]]:
+               forecast: Forecast, slo_attainable: bool) -> tuple[int, str, list[str]]:
     """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
 
     Corrections for breaches and queues scale from Ready replicas only: replicas still loading a model
@@ -413,10 +417,11 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         return _hold(context, history, f"holding {context.current_replicas} replicas: {text}", text)
 
     shape = context.calibration.shape(_with_assumed_tail(_shape(observation, spec), spec))
-    goodput = replica_goodput(context, shape)
+    model = calibrated_replica_model(context)  # built once: goodput and, where that is 0, throughput
+    goodput = replica_goodput(context, shape, model)
     slo_attainable = goodput > 0.0
     if not slo_attainable:
-        goodput = replica_throughput(context, shape)
+        goodput = replica_throughput(context, shape, model)
     arrivals = _arrivals(observation, history)
     excess = _burst_excess(observation, max(arrivals, history.sustained_level(observation.sampled_at_s,
                                                                                observation.window_s)))

@@ -172,3 +172,11 @@ def test_the_reconcile_pass_reports_the_recommendation_once_and_changes_nothing(
     assert rec.served.minutes >= 10 and rec.served.input_tokens == 6000
     assert events == ["ReplanRecommended"]  # once, when it became recommended
     assert not writes  # Recommend: the running Deployment is left as it is
+
+
+def test_what_the_spec_pins_stays_pinned_in_every_proposal() -> None:
+    spec = parse_spec({**spec_dict(), "serving": {"tensorParallel": 4}})
+    inputs, plan = plan_cached(spec, None, {})
+    assert plan.chosen is not None and plan.chosen.tensor_parallel == 4
+    result = replan(inputs, plan.chosen, LONG_PROMPTS)
+    assert result.best is not None and result.best.candidate.tensor_parallel == 4

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscale.api.spec import LLMDeploymentSpec
+from kvscale.autoscaler import Calibration
 from kvscale.cli.simulate_cmd import load_trace
 from kvscale.controllers.replanning import served_traffic
 from kvscale.planner import PlanInputs, build_plan_inputs
@@ -93,10 +94,28 @@ def _pinned(inputs: PlanInputs, gpu_type: str, tp: int, pp: int, max_num_seqs: i
     return build_simulated_deployment(build_plan_inputs(pinned))
 
 
+HALF_HOUR_S = 1800.0
+
+
+def _factors(c: Calibration) -> dict[str, float]:
+    return {"decode_factor": round(c.decode_factor, 3), "prefill_factor": round(c.prefill_factor, 3),
+            "ttft_tail_factor": round(c.ttft_tail_factor, 3), "tpot_tail_factor": round(c.tpot_tail_factor, 3)}
+
+
 def _served(deployment: SimulatedDeployment, rest: Any, initial: int) -> dict[str, Any]:
-    metrics = simulate(deployment, rest, KvscalePolicy(deployment, initial=initial), CONFIG).metrics
+    policy = KvscalePolicy(deployment, initial=initial)
+    result = simulate(deployment, rest, policy, CONFIG)
+    metrics = result.metrics
+    # Per half hour of the rest: arrivals/s and replicas paid for (what the pricing is checked against).
+    halves: dict[int, list[tuple[float, int]]] = {}
+    for point in result.timeline:
+        halves.setdefault(int(point.t_s // HALF_HOUR_S), []).append((point.arrival_rate, point.paid_replicas))
     return {"config": deployment.label, "cost_usd": metrics["cost"], "gpu_hours": metrics["gpu_hours"],
-            "slo_attainment": metrics["slo_attainment"]}
+            "slo_attainment": metrics["slo_attainment"],
+            "calibration": _factors(policy.calibration),
+            "by_half_hour": [{"from_min": 30 * k, "arrivals_per_s": round(sum(a for a, _ in v) / len(v), 2),
+                              "paid_replicas": round(sum(r for _, r in v) / len(v), 2)}
+                             for k, v in sorted(halves.items())]}
 
 
 def run_case(case: Case) -> dict[str, Any]:
@@ -126,7 +145,12 @@ def run_case(case: Case) -> dict[str, Any]:
                               rest, initial)
     else:
         with_replan = without
+    learned = _factors(learner.calibration)
+    best = result.best
+    priced = None if best is None else {"goodput_requests_per_s": round(best.candidate.goodput_requests_per_s, 3),
+                                        "mean_replicas": round(best.mean_replicas, 3)}
     return {"case": case.name, "trace": case.trace, "planned": planned.label, "recommended": recommended,
+            "learned_calibration": learned, "proposed_as_priced": priced,
             "savings_pct_predicted": round(100 * result.savings, 1), "reason": result.reason,
             "without": without, "with": with_replan}
 
@@ -141,6 +165,8 @@ def _line(label: str, served: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write every figure here too")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="also print the calibrations and, per half hour of the rest, arrivals and replicas")
     args = parser.parse_args(argv)
     print(f"Re-planning after {LEARN_S / 3600:g} h of served traffic; the rest of each 4-hour day served "
           "with and without the recommendation (kvscale autoscaling both ways).\n"
@@ -156,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         print(_line("without", row["without"]))
         print(_line("with", row["with"]))
         w, o = row["with"], row["without"]
+        if args.diagnose:
+            print(f"  learned on the first hour: {row['learned_calibration']}; proposed as priced: "
+                  f"{row['proposed_as_priced']}")
+            for label, served in (("without", o), ("with", w)):
+                print(f"  {label}: own calibration {served['calibration']}")
+                print("    " + "; ".join(f"{h['from_min']} min {h['arrivals_per_s']} req/s {h['paid_replicas']} repl"
+                                         for h in served["by_half_hour"]))
         if row["recommended"] and o["cost_usd"]:
             print(f"  with / without: cost x{w['cost_usd'] / o['cost_usd']:.2f}, attainment "
                   f"{100 * ((w['slo_attainment'] or 0) - (o['slo_attainment'] or 0)):+.2f} points")

@@ -2,13 +2,14 @@
 
     .venv/bin/python benchmarks/replan.py [--json OUT.json]
 
-Each case is a resource planned for the workload its spec states and a synthetic day-shaped trace of the
-traffic it was really served (another request shape, another rate). The simulated fleet (kvscale's own
-policy, servers that differ from the planner's model in form: kvscale.sim.server.MEASURED_LIKE_FORM,
-start-ups drawn from 60-300 s) serves the first LEARN_S of the trace on the planned configuration; then the
+Each case is a resource planned for the workload its spec states and a synthetic trace of two 4-hour
+diurnal days of the traffic it was really served (another request shape, another rate). The simulated
+fleet (kvscale's own policy, servers that differ from the planner's model in form:
+kvscale.sim.server.MEASURED_LIKE_FORM, start-ups drawn from 60-300 s) serves the first day of the trace on
+the planned configuration; then the
 operator's re-plan runs on what that policy calibrated (request shape, speed and tail factors) and the
 per-minute rates its forecaster kept, exactly as `kvscale.controllers.replanning` does in the cluster. The
-rest of the trace is then served twice, each with kvscale's autoscaling: without re-planning (the planned
+second day is then served twice, each with kvscale's autoscaling: without re-planning (the planned
 configuration) and with it (the proposed configuration, where it is recommended: at least
 replanMinSavings cheaper; the move itself, which `Auto` would make as a second Deployment, is not
 simulated: the rest starts on the new configuration). Printed per case: the recommendation, and cost,
@@ -26,22 +27,24 @@ import math
 import sys
 import time
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.autoscaler import Calibration
 from kvscale.cli.simulate_cmd import load_trace
-from kvscale.controllers.replanning import served_traffic
+from kvscale.controllers.replanning import recommendation_status, served_traffic
 from kvscale.planner import PlanInputs, build_plan_inputs
 from kvscale.planner.replan import replan
-from kvscale.sim import FleetConfig, SimulatedDeployment, simulate
+from kvscale.sim import FleetConfig, SimulatedDeployment, Trace, simulate
 from kvscale.sim.deployment import build_simulated_deployment
 from kvscale.sim.policies import KvscalePolicy
 from kvscale.sim.server import MEASURED_LIKE_FORM
 
 ROOT = Path(__file__).resolve().parents[1]
-LEARN_S = 3600.0  # the traffic the re-plan sees: one hour
+DAY_S = 14400.0  # the synthetic traces' day: 4 hours (a diurnal cycle at a sixth of the wall clock's)
+LEARN_S = DAY_S  # the traffic the re-plan sees: one whole day (spec.scaling.replanMinHistorySeconds)
 STARTUP_RANGE_S = (60.0, 300.0)
 CONFIG = FleetConfig(startup_s=STARTUP_RANGE_S[0], startup_range_s=STARTUP_RANGE_S, seed=1,
                      server_form=replace(MEASURED_LIKE_FORM, seed=1))
@@ -54,12 +57,14 @@ def _spec(gpu_types: list[str], rps: float, input_tokens: int, output_tokens: in
             "slo": {"ttftMs": ttft_ms, "tpotMs": tpot_ms, "percentile": 99},
             "workload": {"requestsPerSecond": rps, "inputTokens": input_tokens, "outputTokens": output_tokens,
                          "maxContextTokens": 16384},
-            "scaling": {"minReplicas": 1, "maxReplicas": 24, "headroom": 0.1}}
+            # One re-plan at the cut: the sustain window is not simulated; the history asked for is one day.
+            "scaling": {"minReplicas": 1, "maxReplicas": 24, "headroom": 0.1, "replanSustainSeconds": 0,
+                        "replanMinHistorySeconds": int(DAY_S)}}
 
 
-def _diurnal(rate: float, input_tokens: int, output_tokens: int, seed: int) -> str:
-    return (f"synthetic:diurnal:rate={rate:g}:amplitude=0.6:period=14400:duration=14400:input={input_tokens}:"
-            f"output={output_tokens}:lengths=exponential:seed={seed}")
+def _diurnal(rate: float, input_tokens: int, output_tokens: int, seed: int, days: int = 2, drift: str = "") -> str:
+    return (f"synthetic:diurnal:rate={rate:g}:amplitude=0.6:period={DAY_S:g}:duration={days * DAY_S:g}:"
+            f"input={input_tokens}:output={output_tokens}:lengths=exponential:seed={seed}{drift}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Case:
     name: str
     spec: dict[str, Any]
     trace: str
+    days: int = 2  # the first is learned on; a re-plan at the end of each day but the last
 
 
 CASES = (
@@ -81,6 +87,12 @@ CASES = (
          _diurnal(3.0, 600, 400, 2)),
     # Control: served what the spec states.
     Case("control: as declared", _spec(["L4", "H100-SXM"], 4, 1024, 256, 2000, 80), _diurnal(4.0, 1024, 256, 3)),
+    # Drifting shapes (`kvscale simulate`'s drift keys): prompts growing over three days, as a chat
+    # application turns into retrieval; and a shape that swings within each day (long prompts at the peak).
+    Case("drift: prompts grow over three days", _spec(["L4", "H100-SXM"], 2, 1024, 256, 2000, 80),
+         _diurnal(2.0, 1024, 256, 4, days=3, drift=":input_to=7000:output_to=150:drift=linear"), days=3),
+    Case("drift: long prompts at each day's peak", _spec(["L4", "H100-SXM"], 3, 1024, 256, 2000, 80),
+         _diurnal(3.0, 600, 300, 5, days=3, drift=":input_to=5000:output_to=150:drift=daily"), days=3),
 )
 
 
@@ -95,6 +107,7 @@ def _pinned(inputs: PlanInputs, gpu_type: str, tp: int, pp: int, max_num_seqs: i
 
 
 HALF_HOUR_S = 1800.0
+CUT_AT = datetime(2026, 1, 1, tzinfo=UTC)  # when the re-plan runs: only its difference to other times counts
 
 
 def _factors(c: Calibration) -> dict[str, float]:
@@ -102,20 +115,73 @@ def _factors(c: Calibration) -> dict[str, float]:
             "ttft_tail_factor": round(c.ttft_tail_factor, 3), "tpot_tail_factor": round(c.tpot_tail_factor, 3)}
 
 
-def _served(deployment: SimulatedDeployment, rest: Any, initial: int) -> dict[str, Any]:
+def _served(deployment: SimulatedDeployment, rest: Trace, initial: int,
+            tail: bool = True) -> tuple[dict[str, Any], KvscalePolicy]:
+    """`rest` served on `deployment` under kvscale's autoscaling. `tail`: simulate its last requests to the
+    end; without it (a day followed by another) the cut is live, as a re-plan's is (those few unfinished
+    requests count as missed)."""
     policy = KvscalePolicy(deployment, initial=initial)
-    result = simulate(deployment, rest, policy, CONFIG)
+    result = simulate(deployment, rest, policy, CONFIG if tail else replace(CONFIG, tail_s=0.0))
     metrics = result.metrics
     # Per half hour of the rest: arrivals/s and replicas paid for (what the pricing is checked against).
     halves: dict[int, list[tuple[float, int]]] = {}
     for point in result.timeline:
         halves.setdefault(int(point.t_s // HALF_HOUR_S), []).append((point.arrival_rate, point.paid_replicas))
     return {"config": deployment.label, "cost_usd": metrics["cost"], "gpu_hours": metrics["gpu_hours"],
-            "slo_attainment": metrics["slo_attainment"],
+            "slo_attainment": metrics["slo_attainment"], "requests": metrics["requests"],
             "calibration": _factors(policy.calibration),
             "by_half_hour": [{"from_min": 30 * k, "arrivals_per_s": round(sum(a for a, _ in v) / len(v), 2),
                               "paid_replicas": round(sum(r for _, r in v) / len(v), 2)}
-                             for k, v in sorted(halves.items())]}
+                             for k, v in sorted(halves.items())]}, policy
+
+
+def _joined(days: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive days served one by one, as one figure: costs add, attainment weighted by requests."""
+    if len(days) == 1:
+        return days[0]
+    requests = sum(d["requests"] for d in days)
+    met = sum((d["slo_attainment"] or 0.0) * d["requests"] for d in days)
+    configs = list(dict.fromkeys(d["config"] for d in days))
+    return {"config": " then ".join(configs), "cost_usd": round(sum(d["cost_usd"] for d in days), 4),
+            "gpu_hours": round(sum(d["gpu_hours"] for d in days), 4),
+            "slo_attainment": round(met / requests, 5) if requests else None, "requests": requests,
+            "calibration": days[-1]["calibration"], "by_half_hour": [h for d in days for h in d["by_half_hour"]]}
+
+
+@dataclass(frozen=True)
+class _Replanned:
+    recommended: bool
+    reason: str
+    savings: float
+    priced: dict[str, Any] | None
+    next_deployment: SimulatedDeployment | None  # what the next day runs on, when recommended
+    next_initial: int
+
+
+def _replan_after(inputs: PlanInputs, running: SimulatedDeployment, policy: KvscalePolicy) -> _Replanned:
+    """The operator's re-plan on what `policy` calibrated and its forecaster kept; where recommended, the
+    configuration to move to and what the demand of the last minute needs of it."""
+    traffic = served_traffic(inputs, policy.calibration, policy.history.forecasts.day)
+    result = replan(inputs, running.chosen, traffic)
+    # The operator's own rule: replanMinSavings, and a day of history (the sustain window is 0 here).
+    recommended = recommendation_status(inputs.spec, None, result, traffic, CUT_AT).recommended
+    best = result.best
+    priced = None if best is None else {"goodput_requests_per_s": round(best.candidate.goodput_requests_per_s, 3),
+                                        "mean_replicas": round(best.mean_replicas, 3)}
+    if not recommended or best is None:
+        return _Replanned(False, result.reason, result.savings, priced, None, 0)
+    c = best.candidate
+    # A move sizes the new Deployment for the load, not for the spec's stated rate.
+    last_minute = traffic.minute_rates_per_s[-1] if traffic.minute_rates_per_s else 0.0
+    scaling = inputs.spec.scaling
+    needed = math.ceil(last_minute * (1 + scaling.headroom) / c.goodput_requests_per_s - 1e-9)
+    return _Replanned(True, result.reason, result.savings, priced,
+                      _pinned(inputs, c.gpu_type, c.tensor_parallel, c.pipeline_parallel, c.max_num_seqs),
+                      min(max(needed, scaling.min_replicas), scaling.max_replicas))
+
+
+def _initial_after(policy: KvscalePolicy, deployment: SimulatedDeployment) -> int:
+    return policy.last.desired_replicas if policy.last is not None else deployment.chosen.replicas
 
 
 def run_case(case: Case) -> dict[str, Any]:
@@ -125,34 +191,32 @@ def run_case(case: Case) -> dict[str, Any]:
     learner = KvscalePolicy(planned)
     # No drain after the cut: the operator re-plans on live traffic, not on a fleet finishing its last
     # (longest) requests with no arrivals, which would read as long outputs and an idle minute.
-    simulate(planned, trace.truncated(LEARN_S), learner, replace(CONFIG, tail_s=0.0))
-    traffic = served_traffic(inputs, learner.calibration, learner.history.forecasts.day)
-    result = replan(inputs, planned.chosen, traffic)
-    threshold = inputs.spec.scaling.replan_min_savings
-    recommended = result.moves and (result.current is None or result.savings >= threshold)
-    rest = trace.after(LEARN_S)
-    # Without: the fleet carries on with the replicas it had at the cut. With: the new configuration starts
-    # with what the demand of the last minute needs of it (a move sizes the new Deployment for the load,
-    # not for the spec's stated rate).
-    running = learner.last.desired_replicas if learner.last is not None else planned.chosen.replicas
-    without = _served(planned, rest, running)
-    if recommended and result.best is not None:
-        c = result.best.candidate
-        last_minute = traffic.minute_rates_per_s[-1] if traffic.minute_rates_per_s else 0.0
-        needed = math.ceil(last_minute * (1 + inputs.spec.scaling.headroom) / c.goodput_requests_per_s - 1e-9)
-        initial = min(max(needed, inputs.spec.scaling.min_replicas), inputs.spec.scaling.max_replicas)
-        with_replan = _served(_pinned(inputs, c.gpu_type, c.tensor_parallel, c.pipeline_parallel, c.max_num_seqs),
-                              rest, initial)
-    else:
-        with_replan = without
-    learned = _factors(learner.calibration)
-    best = result.best
-    priced = None if best is None else {"goodput_requests_per_s": round(best.candidate.goodput_requests_per_s, 3),
-                                        "mean_replicas": round(best.mean_replicas, 3)}
-    return {"case": case.name, "trace": case.trace, "planned": planned.label, "recommended": recommended,
-            "learned_calibration": learned, "proposed_as_priced": priced,
-            "savings_pct_predicted": round(100 * result.savings, 1), "reason": result.reason,
-            "without": without, "with": with_replan}
+    simulate(planned, trace.truncated(DAY_S), learner, replace(CONFIG, tail_s=0.0))
+    # Without: the fleet carries on with the replicas it had at the cut, on the planned configuration.
+    without, _ = _served(planned, trace.after(DAY_S), _initial_after(learner, planned))
+    # With: a re-plan at the end of each day; the next day runs on what it recommended (the move itself,
+    # which Auto makes as a second Deployment, is not simulated: the day starts on the new configuration).
+    running, policy, days, replans = planned, learner, [], []
+    for day in range(1, case.days):
+        replanned = _replan_after(inputs, running, policy)
+        replans.append(replanned)
+        initial = _initial_after(policy, running)
+        if replanned.next_deployment is not None:
+            running, initial = replanned.next_deployment, replanned.next_initial
+        if day == 1 and case.days == 2 and replanned.next_deployment is None:
+            days.append(without)  # nothing changes: the day served without is the day served with
+            break
+        last_day = day == case.days - 1
+        segment = trace.after(day * DAY_S)
+        served, policy = _served(running, segment if last_day else segment.truncated(DAY_S), initial,
+                                 tail=last_day)
+        days.append(served)
+    first = replans[0]
+    return {"case": case.name, "trace": case.trace, "planned": planned.label,
+            "recommended": [r.recommended for r in replans],
+            "learned_calibration": _factors(learner.calibration), "proposed_as_priced": first.priced,
+            "savings_pct_predicted": [round(100 * r.savings, 1) for r in replans],
+            "reasons": [r.reason for r in replans], "without": without, "with": _joined(days)}
 
 
 def _line(label: str, served: dict[str, Any]) -> str:
@@ -168,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diagnose", action="store_true",
                         help="also print the calibrations and, per half hour of the rest, arrivals and replicas")
     args = parser.parse_args(argv)
-    print(f"Re-planning after {LEARN_S / 3600:g} h of served traffic; the rest of each 4-hour day served "
-          "with and without the recommendation (kvscale autoscaling both ways).\n"
+    print(f"Re-planning at the end of each {DAY_S / 3600:g}-hour day of served traffic; the days after the "
+          "first served with and without the recommendations (kvscale autoscaling both ways).\n"
           "Command: .venv/bin/python benchmarks/replan.py")
     rows = []
     for case in CASES:
@@ -178,18 +242,19 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"\n{case.name}  [{case.trace}]  ({time.monotonic() - start:.0f} s)")
         print(f"  planned: {row['planned']}")
-        print(f"  re-plan: {'RECOMMENDED' if row['recommended'] else 'nothing recommended'}: {row['reason']}")
+        for day, (recommended, reason) in enumerate(zip(row["recommended"], row["reasons"], strict=True), 1):
+            print(f"  re-plan after day {day}: {'RECOMMENDED' if recommended else 'nothing recommended'}: {reason}")
         print(_line("without", row["without"]))
         print(_line("with", row["with"]))
         w, o = row["with"], row["without"]
         if args.diagnose:
-            print(f"  learned on the first hour: {row['learned_calibration']}; proposed as priced: "
+            print(f"  learned on the first day: {row['learned_calibration']}; proposed as priced: "
                   f"{row['proposed_as_priced']}")
             for label, served in (("without", o), ("with", w)):
                 print(f"  {label}: own calibration {served['calibration']}")
                 print("    " + "; ".join(f"{h['from_min']} min {h['arrivals_per_s']} req/s {h['paid_replicas']} repl"
                                          for h in served["by_half_hour"]))
-        if row["recommended"] and o["cost_usd"]:
+        if any(row["recommended"]) and o["cost_usd"]:
             print(f"  with / without: cost x{w['cost_usd'] / o['cost_usd']:.2f}, attainment "
                   f"{100 * ((w['slo_attainment'] or 0) - (o['slo_attainment'] or 0)):+.2f} points")
     if args.json:

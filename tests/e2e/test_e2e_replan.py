@@ -44,7 +44,8 @@ def test_long_prompts_on_a_resource_declared_for_short_ones_get_a_cheaper_config
     name = "replan"
     stack.deploy(name, **{"gpu.types": ["H100-SXM", "L4"], "serving": {}, "workload.inputTokens": 1024,
                           "workload.outputTokens": 256, "scaling.mode": "Recommend",
-                          "scaling.replanSustainSeconds": 30, "scaling.replanIntervalSeconds": 30})
+                          "scaling.replanSustainSeconds": 30, "scaling.replanIntervalSeconds": 30,
+                          "scaling.replanMinHistorySeconds": 120})
     plan = llmdeployment(stack.kube, stack.namespace, name)["status"]["plan"]
     assert (plan["gpuType"], plan["tensorParallel"]) == ("L4", 4), plan
     args_before = _args(stack, name)

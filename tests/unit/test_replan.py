@@ -93,7 +93,7 @@ def calibration(input_tokens: float = 6000.0, output_tokens: float = 150.0) -> C
 
 
 def test_the_saving_is_recommended_only_once_it_has_held_for_the_window() -> None:
-    spec = parse_spec(spec_dict(replanSustainSeconds=600))
+    spec = parse_spec(spec_dict(replanSustainSeconds=600, replanMinHistorySeconds=600))
     inputs, _ = plan_cached(spec, None, {})
     assert RUNNING is not None
     rates = (1.0,) * 20
@@ -108,6 +108,19 @@ def test_the_saving_is_recommended_only_once_it_has_held_for_the_window() -> Non
     # The traffic returns to what was declared: nothing is cheaper any more, and the clock stops.
     back = replan_status(inputs, RUNNING, calibration(1024, 256), (2.0,) * 20, held, T0 + timedelta(seconds=900))
     assert not back.recommended and back.cheaper_since is None and back.savings_pct == 0
+
+
+def test_nothing_is_recommended_before_the_history_covers_the_stated_span() -> None:
+    # Priced on part of a day, a configuration sized for its quiet hours can lose at the peak it never saw.
+    spec = parse_spec(spec_dict(replanSustainSeconds=0, replanMinHistorySeconds=3600))
+    inputs, _ = plan_cached(spec, None, {})
+    assert RUNNING is not None
+    early = replan_status(inputs, RUNNING, calibration(), (1.0,) * 59, None, T0)
+    assert early.savings_pct > 15 and early.cheaper_since is not None and not early.recommended
+    assert "covers 60 minutes (spec.scaling.replanMinHistorySeconds); 59 so far" in early.reason
+    covered = replan_status(inputs, RUNNING, calibration(), (1.0,) * 60, early, T0 + timedelta(seconds=60))
+    assert covered.recommended and covered.cheaper_since == early.cheaper_since
+    assert parse_spec(spec_dict()).scaling.replan_min_history_seconds == 86_400  # a whole day by default
 
 
 def test_a_saving_below_the_threshold_is_reported_not_recommended() -> None:
@@ -154,7 +167,7 @@ def world_after(previous: LLMDeploymentStatus, minutes: int, now: datetime, spec
 
 
 def test_the_reconcile_pass_reports_the_recommendation_once_and_changes_nothing() -> None:
-    spec = spec_dict(replanSustainSeconds=60, replanIntervalSeconds=30)
+    spec = spec_dict(replanSustainSeconds=60, replanIntervalSeconds=30, replanMinHistorySeconds=600)
     status = LLMDeploymentStatus(observed_generation=1, calibration=CalibrationStatus(
         decode_factor=1.0, prefill_factor=1.0, tpot_tail_factor=1.0, ttft_tail_factor=1.0, fitted_windows=10,
         input_tokens=6000.0, output_tokens=150.0))

@@ -18,6 +18,7 @@ import kvscale.sim.policies
 from kvscale.api.spec import load_resource
 from kvscale.catalog import find_gpu, resolve_architecture
 from kvscale.perfmodel import ServingSetup, build_replica_model
+from kvscale.errors import InvalidSpecError
 from kvscale.planner import build_plan_inputs
 from kvscale.sim import (
     AZURE_ATTRIBUTION,
@@ -238,6 +239,24 @@ def test_synthetic_traces_are_deterministic_and_have_their_rates() -> None:
     assert rates[0] < 1.5 and rates[4] > 8.0  # low at the start, high half a period in
     bursts = generate_synthetic_trace("synthetic:bursts:rate=1:burst_rate=20:every=500:length=100:duration=1000")
     assert bursts.peak_rate(100) > 15 and float(np.min(bursts.rate_per_window(100))) < 2.5
+
+
+def test_a_synthetic_request_shape_drifts_linearly_or_daily() -> None:
+    linear = generate_synthetic_trace("synthetic:poisson:rate=20:duration=1000:input=1000:input_to=5000:"
+                                      "output=300:output_to=100:drift=linear:lengths=exponential:seed=3")
+    first, last = linear.arrival_s < 200, linear.arrival_s >= 800
+    assert float(np.mean(linear.input_tokens[first])) == pytest.approx(1400, rel=0.15)  # the mean at t = 100 s
+    assert float(np.mean(linear.input_tokens[last])) == pytest.approx(4600, rel=0.15)
+    assert float(np.mean(linear.output_tokens[last])) < float(np.mean(linear.output_tokens[first])) * 0.6
+    daily = generate_synthetic_trace("synthetic:diurnal:rate=10:period=1000:duration=2000:input=500:input_to=4000:"
+                                     "drift=daily")
+    phase = np.mod(daily.arrival_s, 1000.0)
+    assert int(daily.input_tokens[np.argmin(np.abs(phase - 500))]) == pytest.approx(4000, rel=0.01)  # the peak's
+    assert int(daily.input_tokens[np.argmin(phase)]) == pytest.approx(500, rel=0.01)
+    assert np.all(daily.output_tokens == 256)  # no output_to: no drift there
+    for bad in ("input_to=900", "drift=linear", "drift=sideways:input_to=900"):
+        with pytest.raises(InvalidSpecError, match="drift"):
+            generate_synthetic_trace(f"synthetic:poisson:rate=1:duration=10:{bad}")
 
 
 def test_cli_policy_names_match_the_simulator() -> None:

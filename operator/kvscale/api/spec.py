@@ -318,6 +318,12 @@ class ScalingSection(ApiModel):
         int, Field(ge=30, le=86_400, description="Re-plan at most this often, and sooner when the calibrated "
                    "request shape moves more than 20% from the one last planned on.")
     ] = 300
+    replan_min_history_seconds: Annotated[
+        int, Field(ge=60, le=86_400, description="Recommend only once the per-minute arrivals kept cover this "
+                   "much served time (a whole daily cycle by default: priced on part of a day, a configuration "
+                   "sized for its quiet hours can lose at its peak). Re-plans before then are reported, not "
+                   "recommended.")
+    ] = 86_400
 
     @field_validator("min_replicas", mode="before")
     @classmethod

@@ -29,7 +29,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", required=True, help="LLMDeployment YAML (planned as `kvscale plan` would)")
     parser.add_argument("--trace", required=True,
                         help="CSV (.csv or .csv.gz: TIMESTAMP,ContextTokens,GeneratedTokens), a packaged trace "
-                             f"({', '.join(TRACE_NAMES)}) or synthetic:poisson|diurnal|bursts:rate=5:duration=3600")
+                             f"({', '.join(TRACE_NAMES)}) or synthetic:poisson|diurnal|bursts|weekly:rate=5:"
+                             "duration=3600 (keys in kvscale.sim.synthetic; a drifting shape: "
+                             "input_to=6000:output_to=150:drift=linear|daily)")
     parser.add_argument("--speedup", type=float, default=1.0, help="replay arrivals N times faster")
     parser.add_argument("--policy", choices=POLICY_NAMES, default="kvscale")
     parser.add_argument("--duration-s", type=float, help="simulate only the first S seconds of the (sped-up) trace")

@@ -15,7 +15,7 @@ from kvscale.api.conditions import format_time
 from kvscale.api.spec import LLMDeploymentSpec, ReplanMode
 from kvscale.api.status import ConfigurationCostStatus, RecommendationStatus, ServedWorkloadStatus
 from kvscale.autoscaler import Calibration
-from kvscale.planner.plan import Candidate
+from kvscale.planner.plan import Candidate, serving_flags
 from kvscale.planner.replan import FleetCost, Replan, ServedTraffic, replan
 from kvscale.planner.search import PlanInputs, planned_shape
 
@@ -47,6 +47,12 @@ def replan_due(spec: LLMDeploymentSpec, previous: RecommendationStatus | None, c
     return elapsed >= timedelta(seconds=spec.scaling.replan_interval_seconds) or _drifted(previous, calibration)
 
 
+def history_minutes_needed(spec: LLMDeploymentSpec) -> int:
+    """Closed minutes of arrivals a recommendation needs: a configuration priced on part of a day (its
+    quiet hours, say) can cost more at the peak it never saw."""
+    return max(REPLAN_MIN_MINUTES, -(-spec.scaling.replan_min_history_seconds // 60))
+
+
 def served_traffic(inputs: PlanInputs, calibration: Calibration, minute_rates_per_s: Sequence[float]) -> ServedTraffic:
     """What calibration measured (shape, speeds, tails) and the day's per-minute arrivals."""
     return ServedTraffic(shape=calibration.shape(planned_shape(inputs.spec)),
@@ -69,10 +75,7 @@ def _cost_status(cost: FleetCost | None) -> ConfigurationCostStatus | None:
 
 
 def same_configuration(a: ConfigurationCostStatus | None, b: ConfigurationCostStatus | None) -> bool:
-    def flags(c: ConfigurationCostStatus) -> tuple[object, ...]:
-        return (c.gpu_type, c.tensor_parallel, c.pipeline_parallel, c.max_num_seqs, c.max_model_len)
-
-    return a is not None and b is not None and flags(a) == flags(b)
+    return a is not None and b is not None and serving_flags(a) == serving_flags(b)
 
 
 def recommendation_status(spec: LLMDeploymentSpec, previous: RecommendationStatus | None, result: Replan,
@@ -92,10 +95,14 @@ def recommendation_status(spec: LLMDeploymentSpec, previous: RecommendationStatu
         since = previous.cheaper_since if kept and previous is not None else format_time(now)
     sustain = timedelta(seconds=scaling.replan_sustain_seconds)
     held = since is not None and now - datetime.fromisoformat(since) >= sustain
+    minutes, needed = len(traffic.minute_rates_per_s), history_minutes_needed(spec)
     reason = result.reason
     if cheaper and not held:
         reason += (f" Recommended once it holds for {scaling.replan_sustain_seconds} s "
                    f"(spec.scaling.replanSustainSeconds).")
+    if cheaper and minutes < needed:
+        reason += (f" Recommended only once the served history covers {needed} minutes "
+                   f"(spec.scaling.replanMinHistorySeconds); {minutes} so far.")
     elif result.moves and not cheaper:
         reason += f" Below spec.scaling.replanMinSavings ({scaling.replan_min_savings:.0%}): nothing recommended."
     shape = traffic.shape
@@ -107,7 +114,7 @@ def recommendation_status(spec: LLMDeploymentSpec, previous: RecommendationStatu
             requests_per_second=round(traffic.mean_rate_per_s, 4),
             peak_requests_per_second=round(traffic.peak_rate_per_s, 4), minutes=len(traffic.minute_rates_per_s)),
         current=current, proposed=proposed, savings_pct=round(100.0 * result.savings, 1), cheaper_since=since,
-        recommended=bool(held), reason=reason)
+        recommended=bool(held) and minutes >= needed, reason=reason)
 
 
 def replan_status(inputs: PlanInputs, running: Candidate, calibration: Calibration,

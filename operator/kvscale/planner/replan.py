@@ -25,7 +25,7 @@ from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.errors import PlanningError
 from kvscale.perfmodel.efficiency import EfficiencyFactors
 from kvscale.perfmodel.serving import RequestShape
-from kvscale.planner.plan import Candidate
+from kvscale.planner.plan import Candidate, serving_flags
 from kvscale.planner.search import PlanInputs, plan_deployment
 
 MINUTE_S = 60.0  # the rates priced are per closed minute (the forecaster's buckets)
@@ -63,9 +63,7 @@ class FleetCost:
 
     @property
     def flags(self) -> tuple[str, int, int, int, int]:
-        """What a move would change: GPU type, TP, PP, max-num-seqs, max-model-len."""
-        c = self.candidate
-        return (c.gpu_type, c.tensor_parallel, c.pipeline_parallel, c.max_num_seqs, c.max_model_len)
+        return serving_flags(self.candidate)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,8 @@ def _lengths(rng: np.random.Generator, mean: float | NDArray[np.float64], count:
              kind: str) -> NDArray[np.int64]:
     """`count` lengths of mean `mean` (one per request where it drifts)."""
     if kind == "fixed":
-        return np.maximum(np.rint(np.broadcast_to(mean, count)), 1).astype(np.int64)
+        means: NDArray[np.float64] = np.broadcast_to(np.asarray(mean, dtype=np.float64), (count,))
+        return np.maximum(np.rint(means), 1).astype(np.int64)
     return np.maximum(np.rint(rng.exponential(mean, count)), 1).astype(np.int64)
 
 

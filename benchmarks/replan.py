@@ -36,7 +36,8 @@ from kvscale.autoscaler import Calibration
 from kvscale.cli.simulate_cmd import load_trace
 from kvscale.controllers.replanning import recommendation_status, served_traffic
 from kvscale.planner import PlanInputs, build_plan_inputs
-from kvscale.planner.replan import replan
+from kvscale.planner.plan import ServingConfiguration
+from kvscale.planner.replan import pinned_to, replan
 from kvscale.sim import FleetConfig, SimulatedDeployment, Trace, simulate
 from kvscale.sim.deployment import build_simulated_deployment
 from kvscale.sim.policies import KvscalePolicy
@@ -96,14 +97,9 @@ CASES = (
 )
 
 
-def _pinned(inputs: PlanInputs, gpu_type: str, tp: int, pp: int, max_num_seqs: int) -> SimulatedDeployment:
+def _pinned(inputs: PlanInputs, configuration: ServingConfiguration) -> SimulatedDeployment:
     """The deployment as it would run after the move: the proposed configuration, pinned in the spec."""
-    spec = inputs.spec
-    pinned = spec.model_copy(update={
-        "gpu": spec.gpu.model_copy(update={"types": [gpu_type]}),
-        "serving": spec.serving.model_copy(update={"tensor_parallel": tp, "pipeline_parallel": pp,
-                                                   "max_num_seqs": max_num_seqs})})
-    return build_simulated_deployment(build_plan_inputs(pinned))
+    return build_simulated_deployment(build_plan_inputs(pinned_to(inputs.spec, configuration)))
 
 
 HALF_HOUR_S = 1800.0
@@ -176,7 +172,7 @@ def _replan_after(inputs: PlanInputs, running: SimulatedDeployment, policy: Kvsc
     scaling = inputs.spec.scaling
     needed = math.ceil(last_minute * (1 + scaling.headroom) / c.goodput_requests_per_s - 1e-9)
     return _Replanned(True, result.reason, result.savings, priced,
-                      _pinned(inputs, c.gpu_type, c.tensor_parallel, c.pipeline_parallel, c.max_num_seqs),
+                      _pinned(inputs, c),
                       min(max(needed, scaling.min_replicas), scaling.max_replicas))
 
 

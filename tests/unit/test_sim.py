@@ -17,8 +17,8 @@ import kvscale.autoscaler
 import kvscale.sim.policies
 from kvscale.api.spec import load_resource
 from kvscale.catalog import find_gpu, resolve_architecture
-from kvscale.perfmodel import ServingSetup, build_replica_model
 from kvscale.errors import InvalidSpecError
+from kvscale.perfmodel import ServingSetup, build_replica_model
 from kvscale.planner import build_plan_inputs
 from kvscale.sim import (
     AZURE_ATTRIBUTION,

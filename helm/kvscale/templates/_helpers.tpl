@@ -73,8 +73,9 @@ app.kubernetes.io/component: operator
   resources: [llmdeployments/status]
   verbs: [get, patch, update]
 # The serving Deployment kvscale owns (created, then patched on plan and scale changes; kopf
-# watches them for drift). Deleted by kvscale only when its plan moves to multi-node replicas
-# (and only that uid); otherwise the garbage collector removes it with its LLMDeployment.
+# watches them for drift). Deleted by kvscale only when its plan moves to multi-node replicas or a
+# re-planning move (replan: Auto) has drained it (and only that uid); otherwise the garbage collector
+# removes it with its LLMDeployment.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, update, delete]

@@ -48,9 +48,11 @@ class ScalingMode(StrEnum):
 
 class ReplanMode(StrEnum):
     """Re-planning on the served traffic: Recommend re-runs the planner on the observed workload and
-    reports a cheaper configuration in status.recommendation; Off never re-plans."""
+    reports a cheaper configuration in status.recommendation; Auto also moves to it (a second Deployment);
+    Off never re-plans."""
 
     RECOMMEND = "Recommend"
+    AUTO = "Auto"
     OFF = "Off"
 
 
@@ -304,7 +306,9 @@ class ScalingSection(ApiModel):
         Field(description="Recommend: re-run the planner on the traffic served (calibrated request shape, "
               "per-minute rates of the last day, measured prefix-cache hits) within spec.gpu.types and the "
               "replica bounds, and report a configuration that costs at least replanMinSavings less, sustained "
-              "for replanSustainSeconds, in status.recommendation (not applied). Off: never."),
+              "for replanSustainSeconds, in status.recommendation (not applied). Auto: the same, then move to it: "
+              "a second Deployment comes up beside the running one, and the old one drains and goes once the new "
+              "one is Ready (at most one move per replanMoveIntervalSeconds). Off: never."),
     ] = ReplanMode.RECOMMEND
     replan_min_savings: Annotated[
         float, Field(ge=0.01, le=0.9, description="Recommend another configuration only when it costs at least "
@@ -324,6 +328,14 @@ class ScalingSection(ApiModel):
                    "sized for its quiet hours can lose at its peak). Re-plans before then are reported, not "
                    "recommended.")
     ] = 86_400
+    replan_move_interval_seconds: Annotated[
+        int, Field(ge=60, le=7 * 86_400, description="Auto: at most one move (or rolled-back attempt) per this "
+                   "interval, so a noisy workload cannot make the deployment flap between configurations.")
+    ] = 21_600
+    replan_move_timeout_seconds: Annotated[
+        int, Field(ge=60, le=86_400, description="Auto: a move whose new replicas are not all Ready within this "
+                   "is rolled back (the new Deployment deleted, the running one kept).")
+    ] = 1_800
 
     @field_validator("min_replicas", mode="before")
     @classmethod

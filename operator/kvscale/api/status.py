@@ -296,14 +296,19 @@ class ScaleDecisionStatus(StatusModel):
     reason: Annotated[str, Field(description="Why, in words (signal, value and threshold).")]
 
 
-class ConfigurationCostStatus(StatusModel):
-    """One serving configuration priced on the served traffic, run as the autoscaler would run it."""
+class ServingFlagsStatus(StatusModel):
+    """What a configuration's vLLM launch arguments fix (kvscale.planner.plan.ServingConfiguration)."""
 
     gpu_type: Annotated[str, Field(description="GPU type.")]
     tensor_parallel: Annotated[int, Field(ge=1, description="Tensor-parallel degree (--tensor-parallel-size).")]
     pipeline_parallel: Annotated[int, Field(ge=1, description="Pipeline-parallel degree (nodes per replica).")] = 1
     max_num_seqs: Annotated[int, Field(ge=1, description="--max-num-seqs.")]
     max_model_len: Annotated[int, Field(ge=1, description="--max-model-len.")]
+
+
+class ConfigurationCostStatus(ServingFlagsStatus):
+    """One serving configuration priced on the served traffic, run as the autoscaler would run it."""
+
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, description="--gpu-memory-utilization.")]
     goodput_requests_per_second: Annotated[
         float, Field(ge=0, description="Requests/s one replica sustains with both SLOs held, calibrated model.")
@@ -358,6 +363,38 @@ class RecommendationStatus(StatusModel):
         bool, Field(description="The proposal has been at least replanMinSavings cheaper for replanSustainSeconds.")
     ] = False
     reason: Annotated[str, Field(description="Why, in words.")]
+    move_blocked: Annotated[
+        str | None, Field(description="Auto: why a recommended configuration is not being moved to (no room for "
+                          "both fleets, the move interval, a multi-node configuration).")
+    ] = None
+
+
+class MovePhase(StrEnum):
+    """Where a move between configurations is (spec.scaling.replan: Auto)."""
+
+    STARTING = "Starting"  # the new Deployment comes up beside the running one
+    DRAINING = "Draining"  # the new one is Ready; the old one is scaled to 0 (its pods drain) and then deleted
+
+
+class ServingConfigurationStatus(ServingFlagsStatus):
+    """A configuration re-planning moved to, and the Deployment that runs it."""
+
+    deployment: Annotated[str, Field(description="The Deployment that runs it.")]
+    label: Annotated[str, Field(description="Its pods' kvscale.dev/configuration label (in its selector).")]
+    generation: Annotated[int, Field(ge=0, description="The spec generation it was chosen under: after a spec "
+                                     "edit kvscale plans from the spec again (on the same Deployment).")]
+
+
+class MoveStatus(StatusModel):
+    """A move to a re-planned configuration in progress (spec.scaling.replan: Auto)."""
+
+    phase: Annotated[MovePhase, Field(description="Starting or Draining.")]
+    to: Annotated[ServingConfigurationStatus, Field(description="The configuration moved to.")]
+    from_deployment: Annotated[str, Field(description="The Deployment being replaced.")]
+    replicas: Annotated[int, Field(ge=1, description="The new Deployment's replicas: the demand when the move "
+                                   "began (raised if it grows), in replicas of the new configuration.")]
+    started_at: Annotated[Rfc3339, Field(description="When the move began (RFC 3339).")]
+    message: Annotated[str, Field(description="What the move is doing, in words.")]
 
 
 class LLMDeploymentStatus(StatusModel):
@@ -416,6 +453,15 @@ class LLMDeploymentStatus(StatusModel):
     recommendation: Annotated[
         RecommendationStatus | None,
         Field(description="Re-planning on the served traffic: a cheaper configuration, when one holds the SLOs."),
+    ] = None
+    serving: Annotated[
+        ServingConfigurationStatus | None,
+        Field(description="Where the last completed move put the deployment (spec.scaling.replan: Auto); empty "
+              "while it runs as planned from the spec on the Deployment named after the resource."),
+    ] = None
+    move: Annotated[MoveStatus | None, Field(description="A move between configurations in progress.")] = None
+    last_move_at: Annotated[
+        Rfc3339 | None, Field(description="When the last move ended, completed or rolled back (RFC 3339).")
     ] = None
     conditions: Annotated[
         list[Condition],

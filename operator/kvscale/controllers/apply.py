@@ -32,6 +32,7 @@ from kvscale.controllers.world import (
     WriteFailure,
     WriteKind,
 )
+from kvscale.kube.builders import OWNER_LABEL
 from kvscale.kube.cluster import FIELD_MANAGER, Cluster, EventRecord, KubeApiError
 from kvscale.kube.drain import DELETION_COST_ANNOTATION, deletion_costs
 from kvscale.kube.leaderworkerset import leader_worker_set_name
@@ -48,9 +49,17 @@ def read_world(cluster: Cluster, body: Mapping[str, Any], now: datetime, scaling
     ref = ((body.get("spec") or {}).get("model") or {}).get("configMapRef")
     config_name = ref.get("name") if isinstance(ref, Mapping) else None
     served = cluster.leader_worker_sets() is not None
+    status = previous_status(body)
+    active = status.serving.deployment if status is not None and status.serving is not None else name
+    target = status.move.to.deployment if status is not None and status.move is not None else None
+    replan = ((body.get("spec") or {}).get("scaling") or {}).get("replan")
+    moves = replan == "Auto" or active != name or target is not None
     return World(
         body=body,
-        deployment=cluster.get_deployment(namespace, name),
+        deployment=cluster.get_deployment(namespace, active),
+        move_target=cluster.get_deployment(namespace, target) if target else None,
+        # only where moves happen (a list per pass costs the API server at a thousand resources)
+        labelled_deployments=cluster.list_deployments(namespace, {OWNER_LABEL: name}) if moves else (),
         service=cluster.get_service(namespace, name),
         nodes=cluster.list_nodes(),
         config_map=cluster.get_config_map(namespace, str(config_name)) if config_name else None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,11 +28,19 @@ from kvscale.api.conditions import (
     set_condition,
 )
 from kvscale.api.spec import LLMDeploymentSpec, ScalingMode, parse_spec
-from kvscale.api.status import Condition, ConditionStatus, LLMDeploymentStatus, headline_latencies_ms
+from kvscale.api.status import Condition, ConditionStatus, LLMDeploymentStatus, MovePhase, headline_latencies_ms
 from kvscale.autoscaler import ScaleDecision
 from kvscale.catalog import GpuSpec
 from kvscale.controllers.autoscaling import autoscale, previous_calibration
 from kvscale.controllers.events import EventReason
+from kvscale.controllers.moving import (
+    MoveContext,
+    MovePlan,
+    MoveStep,
+    advance_move,
+    leftover_deployments,
+    serving_pins,
+)
 from kvscale.controllers.replanning import replan_due, replan_status, same_configuration
 from kvscale.controllers.world import (
     Intent,
@@ -43,9 +51,9 @@ from kvscale.controllers.world import (
     WriteFailure,
     WriteKind,
 )
+from kvscale.controllers.writes import workload_write
 from kvscale.errors import CatalogError, InvalidSpecError
 from kvscale.kube.builders import (
-    SPEC_HASH_ANNOTATION,
     Owner,
     build_deployment,
     build_service,
@@ -66,9 +74,10 @@ from kvscale.kube.state import (
     is_subset,
     pod_startups,
     replica_counts,
-    template_drifted,
 )
 from kvscale.planner import Candidate, Plan, build_plan_inputs, chosen_setup, plan_deployment
+from kvscale.planner.plan import ServingConfiguration
+from kvscale.planner.replan import pinned_to
 from kvscale.planner.search import PlanInputs
 
 # The conditions each state evaluates; any other type is dropped from the status in that state.
@@ -203,7 +212,9 @@ class _Pass:
         self.owned = groups if self.multi_node else deployment
         self.foreign = live is not None and self.owned is None
         self.retired = deployment if self.multi_node else groups  # kvscale's object of the kind not in use
-        self.workload_name = leader_worker_set_name(self.owner.name) if self.multi_node else self.owner.name
+        serving = self.previous.serving if self.previous is not None else None
+        self.deployment_name = serving.deployment if serving is not None else self.owner.name
+        self.workload_name = leader_worker_set_name(self.owner.name) if self.multi_node else self.deployment_name
         current, ready = replica_counts(self.owned)
         kept = self.previous or LLMDeploymentStatus()
         # What outlives any state: the live replica counts, what metrics taught, and the last decision.
@@ -211,6 +222,7 @@ class _Pass:
             observed_generation=self.generation, replicas=current, ready_replicas=ready,
             selector=selector_string(self.owner), calibration=kept.calibration, startup=kept.startup,
             forecast=kept.forecast, last_scale_decision=kept.last_scale_decision, recommendation=kept.recommendation,
+            serving=kept.serving, move=kept.move, last_move_at=kept.last_move_at,
             conditions=list(kept.conditions))
 
     def _owned(self, live: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -227,9 +239,20 @@ def desire(world: World, default_prices: Mapping[str, float]) -> Intent:
     try:
         spec = parse_spec(dict(world.body.get("spec") or {}))
         config = read_config_json(world.config_map, run.owner.namespace, spec)
-        inputs, plan = plan_cached(spec, config, default_prices)
+        spec_inputs, plan = plan_cached(spec, config, default_prices)
     except (InvalidSpecError, CatalogError) as exc:
         return _invalid(run, str(exc))
+    inputs = spec_inputs
+
+    def pinned_plan(pins: ServingConfiguration) -> MovePlan | None:
+        """The spec with a configuration pinned, planned (the declared workload); None when infeasible."""
+        pinned_inputs, pinned = plan_cached(pinned_to(spec, pins), config, default_prices)
+        return None if pinned.chosen is None or not pinned.feasible else MovePlan(pinned_inputs, pinned,
+                                                                                  pinned.chosen)
+
+    pins = serving_pins(run.previous, run.generation)
+    if pins is not None and (moved := pinned_plan(pins)) is not None and plan.feasible:
+        inputs, plan = moved.inputs, moved.plan  # where the last move put it, until the spec changes
     if not plan.feasible or plan.chosen is None:
         return _infeasible(run, plan)
     multi_node = plan.chosen.pipeline_parallel > 1
@@ -242,7 +265,7 @@ def desire(world: World, default_prices: Mapping[str, float]) -> Intent:
                            "nothing until then and leaves an existing Deployment as it is.")
     if multi_node != run.multi_node:
         run = _Pass(world, multi_node=multi_node)
-    return _planned(run, spec, inputs, plan, plan.chosen)
+    return _planned(run, spec, inputs, plan, plan.chosen, spec_inputs, pinned_plan)
 
 
 def _invalid(run: _Pass, message: str) -> Intent:
@@ -310,8 +333,12 @@ def _gpu_of(inputs: PlanInputs, chosen: Candidate) -> GpuSpec:
     return next(g for g in inputs.gpus if g.name == chosen.gpu_type)
 
 
-def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan, chosen: Candidate) -> Intent:
+def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan, chosen: Candidate,
+             spec_inputs: PlanInputs, pinned_plan: Callable[[ServingConfiguration], MovePlan | None]) -> Intent:
+    """`inputs`/`plan`: what the serving Deployment runs (the spec's plan, or where a move put it);
+    `spec_inputs`: the spec's own, which a re-plan searches; `pinned_plan`: the spec with a configuration pinned."""
     previous, world, owner = run.previous, run.world, run.owner
+    moving = previous.move if previous is not None else None
     gpu = _gpu_of(inputs, chosen)
     metrics_kept = spec.scaling.mode != ScalingMode.OFF  # Off: no metrics are fetched, none are shown
     kept = previous if previous is not None and metrics_kept else LLMDeploymentStatus()
@@ -326,7 +353,9 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     decision, scale_reason = None, None
     settled = run.owned is not None and previous is not None and previous.observed_generation == run.generation
     serving = leader_selector(owner) if run.multi_node else selector_labels(owner)  # the pods that serve
-    if world.scaling is not None and metrics_kept and settled:
+    # While the old Deployment drains nothing is scaled: the new one holds what the demand needed at the switch.
+    if world.scaling is not None and metrics_kept and settled and (moving is None
+                                                                  or moving.phase == MovePhase.STARTING):
         pods = world.scaling.bound_pods
         # a replica is a whole group: pipeline_parallel pods of tensor_parallel GPUs each
         free = None if pods is None else (count_free_replica_slots(world.nodes, pods, gpu, chosen.tensor_parallel)
@@ -342,25 +371,72 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
         if spec.scaling.mode == ScalingMode.RECOMMEND and recommended is not None and (
                 previous is None or previous.last_scale_decision != recommended):
             events.append(EventRecord("Normal", EventReason.SCALE_RECOMMENDED.value, recommended.reason))
-        status, replan_events = _replanned(spec, inputs, chosen, status, world.scaling.history.forecasts.day, run.now)
-        events += replan_events
+        if moving is None:  # a move under way is not second-guessed
+            status, replan_events = _replanned(spec, spec_inputs, chosen, status, world.scaling.history.forecasts.day,
+                                               run.now)
+            events += replan_events
     evaluated = _PLANNED | ({ConditionType.METRICS_UNAVAILABLE} if metrics_kept else set())
     if previous is None or previous.plan != status.plan:
         events.append(EventRecord("Normal", EventReason.PLANNED.value, plan.explanation))
     if run.foreign:
         return _name_conflict(run, status, evaluated - {ConditionType.INSUFFICIENT_CAPACITY}, replicas, events,
                               decision)
-    build = build_leader_worker_set if run.multi_node else build_deployment
-    desired = build(owner, spec, chosen, replicas, gpu=gpu, native_precision=inputs.arch.native_precision)
-    writes = [w for w in (_workload_write(run.kind, owner, desired, run.owned, replicas, scale_reason),
-                          _service_write(owner, build_service(owner, spec, serving), world.service)) if w is not None]
-    conditions = _capacity_and_ready(run, status.conditions, gpu, chosen, replicas, status.ready_replicas)
-    status = status.model_copy(update={"desired_replicas": replicas, "conditions": _only(conditions, evaluated)})
-    events += _flip_event(previous, status, ConditionType.INSUFFICIENT_CAPACITY,
-                          EventReason.INSUFFICIENT_CAPACITY, EventReason.CAPACITY_AVAILABLE)
-    scale_down = None if run.multi_node else _scale_down_prep(owner, run.owned, replicas, world)
-    return Intent(status=status, writes=tuple(writes), events=tuple(events), decision=decision, tracks_writes=True,
-                  scale_down=scale_down, deletes=_retire(run, chosen))
+    step = _move_step(run, spec, spec_inputs, chosen, status, replicas, decision, pinned_plan)
+    status, active_replicas = step.status, step.active_replicas
+    desired_replicas = replicas if active_replicas is not None else (status.desired_replicas or 0)
+    writes: list[ObjectWrite | None] = []
+    if active_replicas is not None:  # None: the drained Deployment is deleted in this pass
+        if run.multi_node:
+            desired = build_leader_worker_set(owner, spec, chosen, active_replicas, gpu=gpu,
+                                              native_precision=inputs.arch.native_precision)
+        else:
+            identity = previous.serving if previous is not None else None
+            desired = build_deployment(owner, spec, chosen, active_replicas, gpu=gpu,
+                                       native_precision=inputs.arch.native_precision, name=run.deployment_name,
+                                       configuration_label=identity.label if identity is not None else None)
+        writes.append(workload_write(run.kind, desired, run.owned, active_replicas, scale_reason))
+    writes += [*step.writes, _service_write(owner, build_service(owner, spec, serving), world.service)]
+    in_move = status.move.replicas if status.move is not None else 0
+    conditions = _capacity_and_ready(run, status.conditions, gpu, chosen,
+                                     (active_replicas if active_replicas is not None else desired_replicas) + in_move,
+                                     status.ready_replicas)
+    status = status.model_copy(update={"desired_replicas": desired_replicas,
+                                       "conditions": _only(conditions, evaluated)})
+    events += [*_flip_event(previous, status, ConditionType.INSUFFICIENT_CAPACITY,
+                            EventReason.INSUFFICIENT_CAPACITY, EventReason.CAPACITY_AVAILABLE), *step.events]
+    quiet = status.move is None and moving is None
+    scale_down = None if run.multi_node or not quiet else _scale_down_prep(owner, run.owned, replicas, world)
+    ready = run.owned is not None and status.ready_replicas >= max(desired_replicas, 1)
+    leftovers = leftover_deployments(owner, world.labelled_deployments, (run.deployment_name,),
+                                     settled=quiet and ready)
+    return Intent(status=status, writes=tuple(w for w in writes if w is not None), events=tuple(events),
+                  decision=decision, tracks_writes=True, scale_down=scale_down,
+                  deletes=(*_retire(run, chosen), *step.deletes, *leftovers))
+
+
+def _move_step(run: _Pass, spec: LLMDeploymentSpec, spec_inputs: PlanInputs, chosen: Candidate,
+               status: LLMDeploymentStatus, replicas: int, decision: ScaleDecision | None,
+               pinned_plan: Callable[[ServingConfiguration], MovePlan | None]) -> MoveStep:
+    """Where a move to a re-planned configuration goes in this pass (controllers.moving)."""
+    world = run.world
+    move, rec = status.move, status.recommendation
+    target: ServingConfiguration | None = move.to if move is not None else (
+        rec.proposed if rec is not None and rec.recommended else None)
+    pods = world.scaling.bound_pods if world.scaling is not None else None
+
+    def free_slots(gpu_type: str, tensor_parallel: int) -> int | None:
+        gpu = next((g for g in spec_inputs.gpus if g.name == gpu_type), None)
+        if pods is None or gpu is None:
+            return None
+        return count_free_replica_slots(world.nodes, pods, gpu, tensor_parallel)
+
+    return advance_move(MoveContext(
+        spec=spec, owner=run.owner, generation=run.generation, now=run.now, status=status, running=chosen,
+        serving_name=run.deployment_name, active=run.owned, target=world.move_target, replicas=replicas,
+        decision=decision, multi_node=run.multi_node, plan=None if target is None else pinned_plan(target),
+        free_replica_slots=free_slots,
+        blocked_before=run.previous.recommendation.move_blocked
+        if run.previous is not None and run.previous.recommendation is not None else None))
 
 
 def _replanned(spec: LLMDeploymentSpec, inputs: PlanInputs, chosen: Candidate, status: LLMDeploymentStatus,
@@ -438,56 +514,6 @@ def _capacity_and_ready(run: _Pass, conditions: Sequence[Condition], gpu: GpuSpe
                              f"{ready}/{replicas} replicas ready.")
     return run.condition(conditions, ConditionType.READY, ConditionStatus.FALSE, "ReplicasNotReady",
                          f"{ready}/{replicas} replicas ready.")
-
-
-def _args(workload: Mapping[str, Any]) -> str:
-    """The serving container's args: the Deployment's pod, or a LeaderWorkerSet's leader."""
-    spec = workload["spec"]
-    template = spec["leaderWorkerTemplate"]["leaderTemplate"] if "leaderWorkerTemplate" in spec else spec["template"]
-    return " ".join(template["spec"]["containers"][0]["args"])
-
-
-def _template_hash(workload: Mapping[str, Any]) -> str | None:
-    spec = workload.get("spec") or {}
-    template = ((spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") if "leaderWorkerTemplate" in spec
-                else spec.get("template")) or {}
-    value = ((template.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-    return str(value) if value is not None else None
-
-
-_CREATED = {WriteKind.DEPLOYMENT: EventReason.DEPLOYMENT_CREATED,
-            WriteKind.LEADER_WORKER_SET: EventReason.LEADER_WORKER_SET_CREATED}
-_UPDATED = {WriteKind.DEPLOYMENT: EventReason.DEPLOYMENT_UPDATED,
-            WriteKind.LEADER_WORKER_SET: EventReason.LEADER_WORKER_SET_UPDATED}
-
-
-def _workload_write(kind: WriteKind, owner: Owner, desired: dict[str, Any], live: Mapping[str, Any] | None,
-                    replicas: int, scale_reason: str | None) -> ObjectWrite | None:
-    """The write that makes the Deployment (or LeaderWorkerSet) what the plan builds, if any is needed."""
-    unit = "replica(s)" if kind == WriteKind.DEPLOYMENT else "group(s)"
-    name = desired["metadata"]["name"]
-    if live is None:
-        return ObjectWrite(kind, "create", desired, (EventRecord(
-            "Normal", _CREATED[kind].value, f"Created {kind} {name} with {replicas} {unit}: {_args(desired)}"),))
-    events = []
-    action = None
-    if template_drifted(desired, live):
-        action = "update"
-        if _template_hash(live) == _template_hash(desired):
-            events.append(EventRecord("Warning", EventReason.DRIFT_CORRECTED.value,
-                                      f"{kind} {name} was edited outside kvscale; its pod template was put "
-                                      "back. Change the LLMDeployment instead."))
-        else:
-            events.append(EventRecord("Normal", _UPDATED[kind].value,
-                                      f"Rolling {kind} {name} to the new plan: {_args(desired)}"))
-    live_replicas = (live.get("spec") or {}).get("replicas")
-    if int(live_replicas or 0) != replicas:
-        action = action or "scale"
-        events.append(EventRecord("Normal", EventReason.SCALED.value,
-                                  scale_reason or f"Replicas {live_replicas} -> {replicas}."))
-    if action is None:
-        return None
-    return ObjectWrite(kind, action, desired, tuple(events))
 
 
 def _service_write(owner: Owner, desired: dict[str, Any], live: Mapping[str, Any] | None) -> ObjectWrite | None:

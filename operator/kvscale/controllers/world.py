@@ -24,7 +24,9 @@ class World:
     """Everything one pass read about one LLMDeployment, read before anything is decided."""
 
     body: Mapping[str, Any]  # the LLMDeployment (metadata, spec, status) as the API server returned it
-    deployment: Mapping[str, Any] | None  # the Deployment of the same name, owned or not; None: absent
+    # the Deployment that serves: the resource's name, or the one the last move put in force (status.serving);
+    # owned or not; None: absent
+    deployment: Mapping[str, Any] | None
     service: Mapping[str, Any] | None  # the Service of the same name, owned or not; None: absent
     nodes: Sequence[Mapping[str, Any]]
     config_map: Mapping[str, Any] | None  # the ConfigMap spec.model.configMapRef names; None: absent or none named
@@ -36,6 +38,10 @@ class World:
     # the LeaderWorkerSet of the same name (multi-node replicas), owned or not; None: absent or not served
     leader_worker_set: Mapping[str, Any] | None = None
     leader_worker_sets_served: bool = False  # whether the API server serves leaderworkersets (LWS installed)
+    # Re-planning's moves (spec.scaling.replan: Auto): the Deployment a move in progress brings up (status.move),
+    # owned or not; and every Deployment labelled as the resource's (owned ones left by an interrupted move)
+    move_target: Mapping[str, Any] | None = None
+    labelled_deployments: Sequence[Mapping[str, Any]] = ()
 
 
 class WriteKind(StrEnum):

@@ -27,6 +27,9 @@ from kvscale.kube.engines import (
 from kvscale.planner import Candidate
 
 OWNER_LABEL = f"{API_GROUP}/llmdeployment"
+# On a Deployment re-planning moved to (and its pods): which configuration it runs. Its selector has it, so
+# the Deployment being replaced (whose selector is the owner label alone) and it never share a ReplicaSet.
+CONFIGURATION_LABEL = f"{API_GROUP}/configuration"
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
 PORT_NAME = "http"
 SHM_VOLUME = "dshm"
@@ -218,11 +221,16 @@ def build_deployment(
     *,
     gpu: GpuSpec,
     native_precision: Precision,
+    name: str | None = None,
+    configuration_label: str | None = None,
 ) -> dict[str, Any]:
     """The serving Deployment for the plan's chosen candidate, running `replicas` pods.
 
     `gpu` is the catalog entry of `chosen.gpu_type` (node label, device resource);
     `native_precision` is the checkpoint's, to tell whether the engine must quantize on load.
+    `name` and `configuration_label`: a Deployment re-planning moved to (default: the resource's name, and
+    the owner label alone as its selector). Every one of them carries the owner label: the Service and the
+    scale subresource select all of the resource's pods.
     A replica over several nodes (pipeline parallel) is not one pod: refused (MultiNodeNotSupportedError).
     """
     if chosen.pipeline_parallel > 1:
@@ -231,19 +239,23 @@ def build_deployment(
             "cannot run it (build_leader_worker_set)")
     launch = build_engine_launch(spec, chosen, native_precision)
     pod_spec = build_pod_spec(spec, launch, gpu, grace_for(spec, chosen))
+    extra = {CONFIGURATION_LABEL: configuration_label} if configuration_label else {}
+    metadata = metadata_for(owner, spec)
+    metadata["name"] = name or owner.name
+    metadata["labels"].update(extra)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata_for(owner, spec),
+        "metadata": metadata,
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": selector_labels(owner)},
+            "selector": {"matchLabels": {**selector_labels(owner), **extra}},
             # GPUs are scarce and a cluster rarely has a spare replica's worth: a surge pod would sit
             # Pending and stall the rollout. Replace one pod at a time instead (capacity dips by one).
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
                 "metadata": {
-                    "labels": object_labels(owner, spec),
+                    "labels": {**object_labels(owner, spec), **extra},
                     "annotations": scrape_annotations(compute_spec_hash(pod_spec)),
                 },
                 "spec": pod_spec,

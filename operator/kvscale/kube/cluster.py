@@ -165,6 +165,12 @@ class Cluster:
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self._deployments, namespace, name)
 
+    def list_deployments(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The Deployments in `namespace` whose labels match `selector`."""
+        labels = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
+        return self._list(f"list deployments {labels} in {namespace}", self._deployments, namespace=namespace,
+                          label_selector=labels)
+
     def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self._services, namespace, name)
 

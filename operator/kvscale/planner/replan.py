@@ -25,7 +25,7 @@ from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.errors import PlanningError
 from kvscale.perfmodel.efficiency import EfficiencyFactors
 from kvscale.perfmodel.serving import RequestShape
-from kvscale.planner.plan import Candidate, serving_flags
+from kvscale.planner.plan import Candidate, ServingConfiguration, serving_flags
 from kvscale.planner.search import PlanInputs, plan_deployment
 
 MINUTE_S = 60.0  # the rates priced are per closed minute (the forecaster's buckets)
@@ -114,8 +114,8 @@ def price_on_traffic(candidate: Candidate, spec: LLMDeploymentSpec, rates_per_s:
                      cost_per_hour=mean * candidate.gpus_per_replica * candidate.usd_per_gpu_hour, minutes_short=short)
 
 
-def _pinned_to(spec: LLMDeploymentSpec, running: Candidate) -> LLMDeploymentSpec:
-    """The spec allowing only the running configuration (its GPU type, TP, PP and max-num-seqs)."""
+def pinned_to(spec: LLMDeploymentSpec, running: ServingConfiguration) -> LLMDeploymentSpec:
+    """The spec allowing only that configuration (its GPU type, TP, PP and max-num-seqs)."""
     serving = spec.serving.model_copy(update={
         "tensor_parallel": running.tensor_parallel, "pipeline_parallel": running.pipeline_parallel,
         "max_num_seqs": running.max_num_seqs})
@@ -143,7 +143,7 @@ def replan(inputs: PlanInputs, running: Candidate, traffic: ServedTraffic) -> Re
     served = served_spec(spec, traffic)
     base = replace(inputs, spec=served, shape=traffic.shape, efficiency=traffic.efficiency)
     rates = traffic.minute_rates_per_s
-    pinned = replace(base, spec=_pinned_to(served, running),
+    pinned = replace(base, spec=pinned_to(served, running),
                      gpus=tuple(g for g in inputs.gpus if g.name == running.gpu_type))
     current_options = _feasible(pinned)
     current = price_on_traffic(current_options[0], spec, rates) if current_options else None

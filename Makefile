@@ -70,7 +70,6 @@ bench: venv
 	$(PY) benchmarks/planner_speed.py
 	$(PY) benchmarks/autoscaling.py
 	$(PY) benchmarks/forecasters.py
-	$(PY) benchmarks/replan.py
 
 plan: venv
 	@for f in examples/*.yaml; do echo "=== $$f"; $(VENV)/bin/kvscale plan -f $$f || exit 1; done

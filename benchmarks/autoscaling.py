@@ -1,6 +1,6 @@
 """Autoscaling benchmark: every policy on both packaged Azure traces, one table.
 
-    .venv/bin/python benchmarks/autoscaling.py [--json OUT.json] [--plots DIR]
+    .venv/bin/python benchmarks/autoscaling.py [--json OUT.json] [--plots DIR] [--replan on|off]
 
 Each run replays a trace against a simulated fleet of Llama-3.1-8B servers on L4 GPUs (the servers
 deliberately slower than the planner's defaults) scaled by one policy: kvscale's own
@@ -14,6 +14,8 @@ them as the operator does from its pods). The cases are split: the tuning set is
 were developed on; the evaluation set was never run while they were chosen (another seed of the diurnal day,
 the packaged traces at other speeds, a three-day week). Each case ends with its goal lines (tracker issue 14):
 met or not, with the figures.
+Then (unless --replan off) the re-planning cases of benchmarks/replan.py: cost, GPU-hours and attainment with
+re-planning on and off, on traffic that drifted from what the spec states.
 Traces: Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA 2024), CC BY 4.0.
 """
 
@@ -33,6 +35,7 @@ from kvscale.cli.simulate_cmd import draw_timeline, load_deployment, load_trace,
 from kvscale.sim import AZURE_ATTRIBUTION, POLICIES, FleetConfig, SimulatedDeployment, Trace, simulate
 from kvscale.sim.policies import StaticPolicy
 from kvscale.sim.server import MEASURED_LIKE_FORM
+from replan import main as replan_benchmark
 
 TARGET_ATTAINMENT = 0.99
 
@@ -204,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write every run's metrics here")
     parser.add_argument("--plots", help="draw each run's timeline into this folder")
     parser.add_argument("--cases", choices=("tuning", "evaluation", "all"), default="all")
+    parser.add_argument("--replan", choices=("on", "off"), default="on",
+                        help="also serve benchmarks/replan.py's drifted-traffic cases with re-planning on and off")
     args = parser.parse_args(argv)
     print("autoscaling benchmark (command: .venv/bin/python benchmarks/autoscaling.py)")
     print(f"traces: {AZURE_ATTRIBUTION}")
@@ -304,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
           f"whole benchmark {total:.1f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.replan == "on":
+        # Re-planning (issue 17): GPU-hours and attainment with it on and off, on traffic that drifted from the
+        # spec (two cases drift within the run); benchmarks/replan.py alone prints the same with --diagnose.
+        print("\nre-planning on and off (tracker issue 17; benchmarks/replan.py):", flush=True)
+        return replan_benchmark([])
     return 0
 
 

@@ -219,3 +219,24 @@ def test_a_restarted_operator_resumes_a_move_from_status() -> None:
         cluster.tick()
     assert cluster.status.serving is not None and cluster.status.serving.deployment == target
     assert list(cluster.deployments) == [target]
+
+
+def test_after_a_spec_edit_a_second_move_gets_its_own_deployment() -> None:
+    # The moved Deployment keeps its name across a spec edit and runs the spec's plan again; a later move to
+    # the same configuration must not land on that name (its label carries the spec generation).
+    cluster = running_cluster(spec_dict(replanMoveIntervalSeconds=60), L4_NODES + H100_NODES)
+    while cluster.status.serving is None:
+        cluster.tick()
+    first = cluster.status.serving.deployment
+    cluster.generation = 2
+    cluster.spec = {**cluster.spec, "scaling": {**cluster.spec["scaling"], "headroom": 0.15}}
+    for _ in range(30):
+        intent = cluster.tick()
+        names = [w.body["metadata"]["name"] for w in intent.writes if w.kind == WriteKind.DEPLOYMENT]
+        assert len(names) == len(set(names)), names  # never two writes of one Deployment in a pass
+        if cluster.status.serving is not None and cluster.status.serving.generation == 2:
+            break
+    serving = cluster.status.serving
+    assert serving is not None and serving.generation == 2 and serving.deployment != first
+    assert serving.gpu_type == "H100-SXM" and list(cluster.deployments) == [serving.deployment]
+    assert cluster.events.count("MoveCompleted") == 2 and "MoveRolledBack" not in cluster.events

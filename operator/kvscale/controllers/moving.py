@@ -45,9 +45,11 @@ from kvscale.planner import Candidate, Plan, PlanInputs
 from kvscale.planner.plan import ServingConfiguration, serving_flags
 
 
-def configuration_label(config: ServingConfiguration) -> str:
-    """A short, stable name for a configuration: the suffix of its Deployment and the value of its label."""
-    return hashlib.sha256(json.dumps(serving_flags(config)).encode()).hexdigest()[:10]
+def configuration_label(config: ServingConfiguration, generation: int) -> str:
+    """A short, stable name for a configuration chosen under one spec generation: the suffix of its
+    Deployment and the value of its label. With the generation in it, a move after a spec edit never
+    lands on the name of the Deployment that serves (which kept its name and now runs the spec's plan)."""
+    return hashlib.sha256(json.dumps([*serving_flags(config), generation]).encode()).hexdigest()[:10]
 
 
 def serving_pins(status: LLMDeploymentStatus | None, generation: int) -> ServingConfigurationStatus | None:
@@ -155,6 +157,8 @@ def _why_not(ctx: MoveContext, plan: MovePlan, replicas: int, name: str) -> str 
         if ctx.now < next_at:
             return (f"The last move ended at {last}; the next may start at {format_time(next_at)} "
                     "(spec.scaling.replanMoveIntervalSeconds).")
+    if name == ctx.serving_name:
+        return f"Deployment {name} already serves; a move needs another."
     if ctx.target is not None and _owned(ctx, ctx.target) is None:
         return f"Deployment {ctx.owner.namespace}/{name} exists and is not owned by this LLMDeployment."
     free = ctx.free_replica_slots(chosen.gpu_type, chosen.tensor_parallel)
@@ -182,7 +186,7 @@ def _maybe_start(ctx: MoveContext) -> MoveStep:
             "set spec.workload to the served traffic (status.recommendation.served) to move to it."))
     if serving_flags(plan.chosen) == serving_flags(ctx.running):
         return _blocked(ctx, rec, None)
-    label = configuration_label(plan.chosen)
+    label = configuration_label(plan.chosen, ctx.generation)
     to = ServingConfigurationStatus(
         gpu_type=plan.chosen.gpu_type, tensor_parallel=plan.chosen.tensor_parallel,
         pipeline_parallel=plan.chosen.pipeline_parallel, max_num_seqs=plan.chosen.max_num_seqs,

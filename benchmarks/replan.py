@@ -31,12 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kvscale.api.conditions import ServingConfiguration
 from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.autoscaler import Calibration
 from kvscale.cli.simulate_cmd import load_trace
 from kvscale.controllers.replanning import recommendation_status, served_traffic
 from kvscale.planner import PlanInputs, build_plan_inputs
-from kvscale.planner.plan import ServingConfiguration
 from kvscale.planner.replan import pinned_to, replan
 from kvscale.sim import FleetConfig, SimulatedDeployment, Trace, simulate
 from kvscale.sim.deployment import build_simulated_deployment

@@ -119,8 +119,8 @@ class PredictedView(Protocol):
     def output_tokens_per_s_per_gpu(self) -> float: ...
 
 
-class CandidateView(Protocol):
-    """The fields of `kvscale.planner.Candidate` the status uses."""
+class ServingConfiguration(Protocol):
+    """What the vLLM launch arguments of a configuration fix (a Candidate, or its copy in status)."""
 
     @property
     def gpu_type(self) -> str: ...
@@ -132,6 +132,11 @@ class CandidateView(Protocol):
     def max_num_seqs(self) -> int: ...
     @property
     def max_model_len(self) -> int: ...
+
+
+class CandidateView(ServingConfiguration, Protocol):
+    """The fields of `kvscale.planner.Candidate` the status uses."""
+
     @property
     def gpu_memory_utilization(self) -> float: ...
     @property

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from kvscale.api.conditions import (
     ConditionType,
     Reason,
+    ServingConfiguration,
     build_plan_status,
     build_predicted_status,
     find_condition,
@@ -76,7 +77,6 @@ from kvscale.kube.state import (
     replica_counts,
 )
 from kvscale.planner import Candidate, Plan, build_plan_inputs, chosen_setup, plan_deployment
-from kvscale.planner.plan import ServingConfiguration
 from kvscale.planner.replan import pinned_to
 from kvscale.planner.search import PlanInputs
 

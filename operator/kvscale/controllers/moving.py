@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from kvscale.api.conditions import format_time
+from kvscale.api.conditions import ServingConfiguration, format_time
 from kvscale.api.spec import LLMDeploymentSpec, ReplanMode
 from kvscale.api.status import (
     LLMDeploymentStatus,
@@ -42,7 +42,7 @@ from kvscale.kube.builders import CONFIGURATION_LABEL, Owner, build_deployment
 from kvscale.kube.cluster import EventRecord
 from kvscale.kube.state import is_owned_by, replica_counts
 from kvscale.planner import Candidate, Plan, PlanInputs
-from kvscale.planner.plan import ServingConfiguration, serving_flags
+from kvscale.planner.plan import serving_flags
 
 
 def configuration_label(config: ServingConfiguration, generation: int) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from kvscale.api.conditions import ServingConfiguration
 
 
 @dataclass(frozen=True)
@@ -24,21 +26,6 @@ def replica_layout(gpu_type: str, tensor_parallel: int, pipeline_parallel: int) 
     if pipeline_parallel <= 1:
         return f"{tensor_parallel} x {gpu_type}"
     return f"{pipeline_parallel} nodes x {tensor_parallel} {gpu_type}"
-
-
-class ServingConfiguration(Protocol):
-    """What the vLLM launch arguments of a configuration fix (a Candidate, or its copy in status)."""
-
-    @property
-    def gpu_type(self) -> str: ...
-    @property
-    def tensor_parallel(self) -> int: ...
-    @property
-    def pipeline_parallel(self) -> int: ...
-    @property
-    def max_num_seqs(self) -> int: ...
-    @property
-    def max_model_len(self) -> int: ...
 
 
 def serving_flags(config: ServingConfiguration) -> tuple[str, int, int, int, int]:

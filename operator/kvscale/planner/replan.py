@@ -21,11 +21,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from kvscale.api.conditions import ServingConfiguration
 from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.errors import PlanningError
 from kvscale.perfmodel.efficiency import EfficiencyFactors
 from kvscale.perfmodel.serving import RequestShape
-from kvscale.planner.plan import Candidate, ServingConfiguration, serving_flags
+from kvscale.planner.plan import Candidate, serving_flags
 from kvscale.planner.search import PlanInputs, plan_deployment
 
 MINUTE_S = 60.0  # the rates priced are per closed minute (the forecaster's buckets)

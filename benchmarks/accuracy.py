@@ -60,13 +60,17 @@ class Comparison:
     loop: str = "closed"  # static, closed or open
     source: str = ""
     nodes: int = 1  # nodes one replica spans (pipeline_parallel stages, one per node)
+    apart: str = ""  # why the measurement is reported on its own (its `reported_apart`), never fitted or guarded
+    data_parallel: int = 1  # data-parallel engines with expert parallel
 
     @property
     def headline(self) -> bool:
         """Single-node replicas on NVIDIA GPUs with vLLM, TensorRT-LLM or NIM: the population the defaults
         are fitted on and make test guards. Multi-node replicas are reported on their own (`multi_node`):
-        too few to fit on, and their transfer terms are assumed, not fitted."""
-        return self.nodes == 1 and self.gpu != "MI300X" and self.engine in ("vllm", "tensorrt-llm", "nim")
+        too few to fit on, and their transfer terms are assumed, not fitted; so are measurements whose
+        source differs from what the model can express (`apart`)."""
+        return (self.nodes == 1 and not self.apart and self.gpu != "MI300X"
+                and self.engine in ("vllm", "tensorrt-llm", "nim"))
 
     @property
     def abs_pct_error(self) -> float:
@@ -86,10 +90,13 @@ def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAU
     if m.get("inter_node_gbit_per_s"):  # the source's network, where it states one (else the catalog's)
         gpu = replace(gpu, inter_node_bytes_per_s=gbit_per_s_to_bytes_per_s(float(m["inter_node_gbit_per_s"])))
     stages = int(m.get("pipeline_parallel") or 1)
+    engines = int(m.get("data_parallel") or 1)
     setup = ServingSetup(arch=arch, gpu=gpu, tensor_parallel=int(m["tensor_parallel"]),
                          precision=Precision(m["precision"]),
                          kv_cache_dtype=KvCacheDtype(m.get("kv_cache_dtype", "auto")),
-                         gpu_memory_utilization=utilization, efficiency=efficiency, pipeline_parallel=stages)
+                         gpu_memory_utilization=utilization, efficiency=efficiency, pipeline_parallel=stages,
+                         data_parallel=engines)
+    nodes = stages * max(1, setup.gpus // stages // setup.gpus_per_node)
     model = build_replica_model(setup)
     shape = RequestShape(float(m["input_tokens"]), float(m["output_tokens"]))
     predicted: dict[str, float] = {}
@@ -107,7 +114,7 @@ def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAU
     elif scenario == "request_rate":
         cap = OFFLINE_MAX_NUM_SEQS.get(m["engine"], 1024)
         kv = compute_replica_kv_capacity(setup, cap, shape.mean_context_tokens).tokens
-        slots = float(concurrency_limit(shape, cap, kv, oversubscribe=True))
+        slots = float(concurrency_limit(shape, cap * engines, kv, oversubscribe=True))
         est = estimate_at_rate(model, shape, float(m["request_rate"]), slots, quantile=0.5)
         # No throughput: below saturation an open loop's is the arrival rate x the output length by
         # construction, and the published figure divides by the whole run, drain included.
@@ -117,7 +124,7 @@ def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAU
             # The engines admit sequences while KV blocks last (mean occupancy, not the full length).
             cap = OFFLINE_MAX_NUM_SEQS.get(m["engine"], 1024)
             kv = compute_replica_kv_capacity(setup, cap, shape.mean_context_tokens).tokens
-            concurrency = float(concurrency_limit(shape, cap, kv, oversubscribe=True))
+            concurrency = float(concurrency_limit(shape, cap * engines, kv, oversubscribe=True))
         else:
             # The sources rarely state the engine's KV cache size or batch cap: the clients are taken
             # as all admitted (a cap guessed from memory misreads every point near it).
@@ -133,7 +140,7 @@ def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAU
     engine = "nim" if str(m["id"]).startswith("nim-") else m["engine"]
     return [
         Comparison(m["id"], engine, m["gpu"], metric, float(value), predicted[metric], LOOPS[scenario],
-                   str(m["source"]).split("#")[0], stages)
+                   str(m["source"]).split("#")[0], nodes, str(m.get("reported_apart") or ""), engines)
         for metric, value in (m.get("measured") or {}).items()
         if value is not None and metric in predicted
     ]
@@ -191,11 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     print("NVIDIA GPUs with vLLM / TensorRT-LLM / NIM (the headline; make test guards these):")
     for key, (error, count) in headline_medians(comparisons).items():
         print(f"  median absolute % error {key:<22} {error:6.1f}%  (n={count})")
-    multi = [c for c in comparisons if c.nodes > 1]
+    multi = [c for c in comparisons if c.nodes > 1 and not c.apart]
     print(f"replicas over several nodes (pipeline parallel across nodes; not in the headline), "
           f"{len({c.measurement_id for c in multi})} measurements:")
     for name, (error, count) in median_errors(multi).items():
         print(f"  median absolute % error {name + '.multi_node':<22} {error:6.1f}%  (n={count})")
+    apart = [c for c in comparisons if c.apart]
+    print(f"reported apart (not in the headline, the fit or the guard), {len({c.measurement_id for c in apart})} "
+          "measurements:")
+    for c in apart:
+        print(f"  {c.measurement_id[:60]:<61}{c.metric:<20} measured {c.measured:>9.4g}  predicted "
+              f"{c.predicted:>9.4g}  ({(c.predicted / c.measured - 1) * 100:+.0f}%)")
     print("every source:")
     for name, (error, count) in median_errors(comparisons).items():
         print(f"  median absolute % error {name + '.all':<22} {error:6.1f}%  (n={count})")

@@ -28,12 +28,11 @@ CRD = REPO_ROOT / "crds" / "llmdeployments.kvscale.dev.yaml"
 
 def _nodes_per_replica(example: Path) -> int:
     chosen = plan_deployment(build_plan_inputs(load_resource(example).spec)).chosen
-    return chosen.pipeline_parallel if chosen is not None else 1
+    return chosen.nodes_per_replica if chosen is not None else 1
 
 
-# The shipped examples. Those whose replicas fit one node are deployed; those that span nodes (pipeline
-# parallel) are planned and shown, but not deployed until the operator runs replicas over nodes
-# (docs/multinode.md).
+# The shipped examples: those whose replicas fit one node run as Deployments; those that span nodes (pipeline
+# stages, or data-parallel engines filling whole nodes) as LeaderWorkerSets (docs/multinode.md).
 ALL_EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
 EXAMPLES = [p for p in ALL_EXAMPLES if _nodes_per_replica(p) == 1]
 MULTI_NODE_EXAMPLES = [p for p in ALL_EXAMPLES if _nodes_per_replica(p) > 1]

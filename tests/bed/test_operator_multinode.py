@@ -71,18 +71,24 @@ def ready_groups(kube: Kube, namespace: str, name: str, groups: int) -> dict[str
 def test_every_multi_node_example_yields_a_leader_worker_set(
         kube: Kube, operator: RunningOperator, namespace: str, example: Path) -> None:
     chosen = plan_deployment(build_plan_inputs(load_resource(example).spec)).chosen
-    assert chosen is not None and chosen.pipeline_parallel > 1
+    assert chosen is not None and chosen.nodes_per_replica > 1
     name = yaml.safe_load(example.read_text())["metadata"]["name"]
     apply(kube, namespace, example.read_text())
 
     lws = wait_until(lambda: get(kube, "leaderworkerset", namespace, f"{name}-lws"), 60, "the LeaderWorkerSet")
     template = lws["spec"]["leaderWorkerTemplate"]
-    assert template["size"] == chosen.pipeline_parallel
+    assert template["size"] == chosen.nodes_per_replica
     args = leader_args(lws)
+    worker = template["workerTemplate"]["spec"]["containers"][0]
     assert flag(args, "--tensor-parallel-size") == str(chosen.tensor_parallel)
-    assert flag(args, "--pipeline-parallel-size") == flag(args, "--nnodes") == str(chosen.pipeline_parallel)
-    assert flag(args, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
-    assert "--headless" in template["workerTemplate"]["spec"]["containers"][0]["args"]
+    if chosen.data_parallel > 1:  # engines over the nodes, experts over all their GPUs
+        assert flag(args, "--data-parallel-size") == str(chosen.data_parallel) and "--enable-expert-parallel" in args
+        assert flag(args, "--data-parallel-address") == "$(LWS_LEADER_ADDRESS)"
+        assert "--data-parallel-start-rank $((LWS_WORKER_INDEX *" in worker["command"][-2]
+    else:
+        assert flag(args, "--pipeline-parallel-size") == flag(args, "--nnodes") == str(chosen.pipeline_parallel)
+        assert flag(args, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
+    assert "--headless" in worker["args"]
     owner = lws["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "LLMDeployment" and owner["controller"] is True
     service = wait_until(lambda: get(kube, "service", namespace, name), 60, "the Service")
@@ -93,6 +99,7 @@ def test_every_multi_node_example_yields_a_leader_worker_set(
     assert headless["spec"]["clusterIP"] == "None" and service["spec"]["clusterIP"] != "None"
     llmd = wait_condition(kube, namespace, name, "Planned", "True")
     assert llmd["status"]["plan"]["pipelineParallel"] == chosen.pipeline_parallel
+    assert llmd["status"]["plan"]["dataParallel"] == chosen.data_parallel
     reasons = {e["reason"] for e in events(kube, namespace, name)}
     assert "LeaderWorkerSetCreated" in reasons
 

@@ -80,6 +80,7 @@ class PodLaunch:
     dtype: str | None
     gpu_product: str | None
     pipeline_parallel: int = 1  # a LeaderWorkerSet leader's stages: its group's GPUs hold the weights together
+    data_parallel: int = 1  # engines of a data-parallel replica: the leader's simulator stands for them all
 
 
 def _flag(args: Sequence[str], *names: str) -> str | None:
@@ -103,10 +104,12 @@ def parse_launch(pod: Mapping[str, Any], node_labels: Mapping[str, str] | None =
     product = None
     for labels in (node_labels or {}, pod["spec"].get("nodeSelector") or {}):
         product = product or next((labels[k] for k in GPU_PRODUCT_LABELS if k in labels), None)
+    engines = int(_flag(args, "--data-parallel-size", "-dp") or 1)
     return PodLaunch(
         model=model,
         served_model_name=served,
-        max_num_seqs=int(_flag(args, "--max-num-seqs", "--max-running-requests") or 256),
+        # --max-num-seqs applies per data-parallel engine; the simulator serves the whole replica
+        max_num_seqs=int(_flag(args, "--max-num-seqs", "--max-running-requests") or 256) * engines,
         max_model_len=int(_flag(args, "--max-model-len", "--context-length") or 8192),
         tensor_parallel=int(_flag(args, "--tensor-parallel-size", "-tp", "--tp-size") or 1),
         gpu_memory_utilization=float(_flag(args, "--gpu-memory-utilization", "--mem-fraction-static") or 0.9),
@@ -115,6 +118,7 @@ def parse_launch(pod: Mapping[str, Any], node_labels: Mapping[str, str] | None =
         dtype=_flag(args, "--dtype"),
         gpu_product=product,
         pipeline_parallel=int(_flag(args, "--pipeline-parallel-size", "-pp", "--pp-size") or 1),
+        data_parallel=engines,
     )
 
 
@@ -130,10 +134,12 @@ def kv_cache_blocks(launch: PodLaunch, gpu: GpuSpec) -> int:
     large = gpu.memory_bytes >= LARGE_GPU_BYTES and not gpu.name.startswith("A100")
     # the simulator stands for the whole replica: all its GPUs (every pipeline stage's) hold weights and KV
     capacity = compute_kv_capacity(arch, gpu.memory_bytes, precision, kv_dtype, launch.tensor_parallel,
-                                   launch.gpu_memory_utilization, 8192 if large else 2048, launch.max_num_seqs,
-                                   pipeline_parallel=launch.pipeline_parallel)
+                                   launch.gpu_memory_utilization, 8192 if large else 2048,
+                                   launch.max_num_seqs // launch.data_parallel,
+                                   pipeline_parallel=launch.pipeline_parallel, data_parallel=launch.data_parallel)
+    tokens = capacity.tokens * launch.data_parallel  # every engine's cache
     # vLLM refuses to start below one max-length request; the operator only plans configurations that fit.
-    return max(capacity.tokens // BLOCK_SIZE, math.ceil(launch.max_model_len / BLOCK_SIZE) + 1)
+    return max(tokens // BLOCK_SIZE, math.ceil(launch.max_model_len / BLOCK_SIZE) + 1)
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ def test_groups_are_counted_against_whole_nodes() -> None:
     two = desire(_world(_spec_document(scaling={"mode": "Off", "minReplicas": 1, "maxReplicas": 4}, replicas=2)), {})
     fits = find_condition(two.status.conditions, ConditionType.INSUFFICIENT_CAPACITY)
     assert fits is not None and fits.status == ConditionStatus.FALSE
-    assert "hold 2 replica(s) of 2 pods of TP8" in fits.message
+    assert "hold 2 replica(s) of 2 pods of 8 GPUs (TP8 PP2)" in fits.message
 
 
 def test_drift_on_the_leader_worker_set_is_put_back_and_a_scale_is_a_scale() -> None:

@@ -129,6 +129,8 @@ class ServingConfiguration(Protocol):
     @property
     def pipeline_parallel(self) -> int: ...
     @property
+    def data_parallel(self) -> int: ...
+    @property
     def max_num_seqs(self) -> int: ...
     @property
     def max_model_len(self) -> int: ...
@@ -175,6 +177,7 @@ def build_plan_status(plan: PlanView) -> PlanStatus:
         gpu_type=chosen.gpu_type,
         tensor_parallel=chosen.tensor_parallel,
         pipeline_parallel=chosen.pipeline_parallel,
+        data_parallel=chosen.data_parallel,
         max_num_seqs=chosen.max_num_seqs,
         max_model_len=chosen.max_model_len,
         gpu_memory_utilization=chosen.gpu_memory_utilization,

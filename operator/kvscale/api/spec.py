@@ -397,6 +397,12 @@ class ServingSection(ApiModel):
         Field(ge=1, le=16, description="Pin the pipeline-parallel degree (nodes per replica; 1: single-node "
               "replicas only) instead of letting the planner choose."),
     ] = None
+    data_parallel: Annotated[
+        int | None,
+        Field(ge=1, le=256, description="Pin the data-parallel engines per replica of an MoE model (vLLM "
+              "--data-parallel-size with --enable-expert-parallel; 1: no data parallel) instead of letting the "
+              "planner choose."),
+    ] = None
     max_num_seqs: Annotated[
         int | None, Field(ge=1, le=4096, description="Pin max-num-seqs instead of letting the planner choose.")
     ] = None

@@ -106,8 +106,14 @@ class PlanStatus(StatusModel):
         int | None,
         Field(ge=1, description="Nodes per replica: pipeline stages across nodes (vLLM --pipeline-parallel-size)."),
     ] = None
+    data_parallel: Annotated[
+        int | None,
+        Field(ge=1, description="Data-parallel engines per replica of an MoE model, experts split over all their "
+              "GPUs (vLLM --data-parallel-size with --enable-expert-parallel); 1: none."),
+    ] = None
     max_num_seqs: Annotated[
-        int | None, Field(ge=1, description="Concurrent sequences per replica (vLLM --max-num-seqs).")
+        int | None, Field(ge=1, description="Concurrent sequences per engine (vLLM --max-num-seqs; a replica with "
+                          "dataParallel engines runs that many times it).")
     ] = None
     max_model_len: Annotated[
         int | None, Field(ge=1, description="Longest prompt+output per request, tokens (vLLM --max-model-len).")
@@ -116,7 +122,8 @@ class PlanStatus(StatusModel):
         float | None, Field(gt=0, le=1, description="Fraction of GPU memory the engine may use.")
     ] = None
     replicas: Annotated[int, Field(ge=0, description="Replicas the plan needs for the workload's rate.")] = 0
-    gpus: Annotated[int, Field(ge=0, description="GPUs in total: replicas x tensorParallel x pipelineParallel.")] = 0
+    gpus: Annotated[int, Field(ge=0, description="GPUs in total: replicas x tensorParallel x pipelineParallel x "
+                               "dataParallel.")] = 0
     cost_per_hour: Annotated[
         float | None, Field(ge=0, description="Price of the planned fleet, USD per hour.")
     ] = None
@@ -302,6 +309,7 @@ class ServingFlagsStatus(StatusModel):
     gpu_type: Annotated[str, Field(description="GPU type.")]
     tensor_parallel: Annotated[int, Field(ge=1, description="Tensor-parallel degree (--tensor-parallel-size).")]
     pipeline_parallel: Annotated[int, Field(ge=1, description="Pipeline-parallel degree (nodes per replica).")] = 1
+    data_parallel: Annotated[int, Field(ge=1, description="Data-parallel engines (--data-parallel-size).")] = 1
     max_num_seqs: Annotated[int, Field(ge=1, description="--max-num-seqs.")]
     max_model_len: Annotated[int, Field(ge=1, description="--max-model-len.")]
 

@@ -69,7 +69,7 @@ class ReplicaContext:
 
     spec: LLMDeploymentSpec
     setup: ServingSetup  # the planned configuration of one replica (TP, GPU, precision, ...)
-    max_num_seqs: int
+    max_num_seqs: int  # sequences a replica runs at once (every data-parallel engine's --max-num-seqs)
     kv_cache_tokens: int
     current_replicas: int  # desired replicas now (the Deployment's spec.replicas)
     ready_replicas: int

@@ -255,12 +255,12 @@ def desire(world: World, default_prices: Mapping[str, float]) -> Intent:
         inputs, plan = moved.inputs, moved.plan  # where the last move put it, until the spec changes
     if not plan.feasible or plan.chosen is None:
         return _infeasible(run, plan)
-    multi_node = plan.chosen.pipeline_parallel > 1
+    multi_node = plan.chosen.multi_node
     if multi_node and not world.leader_worker_sets_served:
         return _multi_node(run, plan, Reason.LEADER_WORKER_SET_NOT_INSTALLED, multi_node_message(plan.chosen))
     if multi_node and (problems := multi_node_problems(run.owner.name, spec)):
         return _multi_node(run, plan, Reason.MULTI_NODE_NOT_RUNNABLE,
-                           f"The plan needs {plan.chosen.pipeline_parallel} nodes per replica ({plan.chosen.layout}), "
+                           f"The plan needs {plan.chosen.nodes_per_replica} nodes per replica ({plan.chosen.layout}), "
                            f"run as a LeaderWorkerSet, and it cannot run: {'; '.join(problems)}. kvscale writes "
                            "nothing until then and leaves an existing Deployment as it is.")
     if multi_node != run.multi_node:
@@ -305,13 +305,12 @@ def _infeasible(run: _Pass, plan: Plan) -> Intent:
 
 def multi_node_message(chosen: Candidate) -> str:
     """Ready's message while the plan's replicas span nodes and the cluster has no LeaderWorkerSet API."""
-    pp = chosen.pipeline_parallel
-    return (f"The plan needs {pp} nodes per replica ({chosen.layout}: TP{chosen.tensor_parallel} within a node, "
-            f"PP{pp} across nodes). kvscale runs such replicas as a LeaderWorkerSet, and this cluster does not "
+    return (f"The plan needs {chosen.nodes_per_replica} nodes per replica ({chosen.layout}, {chosen.parallelism}). "
+            "kvscale runs such replicas as a LeaderWorkerSet, and this cluster does not "
             "serve leaderworkersets.leaderworkerset.x-k8s.io: install LeaderWorkerSet (sigs.k8s.io/lws, v0.8.0 or "
             "later; its CRD, controller and webhooks) and kvscale creates it on its next pass. Until then it "
             "creates nothing and leaves an existing Deployment as it is. Or pin spec.serving.pipelineParallel: 1 "
-            "with a smaller precision (e.g. fp8) or larger GPUs in spec.gpu.types.")
+            "(and dataParallel: 1) with a smaller precision (e.g. fp8) or larger GPUs in spec.gpu.types.")
 
 
 def _multi_node(run: _Pass, plan: Plan, reason: Reason, message: str) -> Intent:
@@ -357,9 +356,9 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     if world.scaling is not None and metrics_kept and settled and (moving is None
                                                                   or moving.phase == MovePhase.STARTING):
         pods = world.scaling.bound_pods
-        # a replica is a whole group: pipeline_parallel pods of tensor_parallel GPUs each
-        free = None if pods is None else (count_free_replica_slots(world.nodes, pods, gpu, chosen.tensor_parallel)
-                                          // chosen.pipeline_parallel)
+        # a replica is a whole group: nodes_per_replica pods of gpus_per_pod GPUs each
+        free = None if pods is None else (count_free_replica_slots(world.nodes, pods, gpu, chosen.gpus_per_pod)
+                                          // chosen.nodes_per_replica)
         startups = [] if pods is None else pod_startups(pods, owner.namespace, serving)
         result = autoscale(spec, chosen_setup(inputs, chosen), chosen, status, previous, replicas,
                            status.ready_replicas, free, world.scaling, run.now, startups)
@@ -424,11 +423,11 @@ def _move_step(run: _Pass, spec: LLMDeploymentSpec, spec_inputs: PlanInputs, cho
         rec.proposed if rec is not None and rec.recommended else None)
     pods = world.scaling.bound_pods if world.scaling is not None else None
 
-    def free_slots(gpu_type: str, tensor_parallel: int) -> int | None:
+    def free_slots(gpu_type: str, gpus_per_pod: int) -> int | None:
         gpu = next((g for g in spec_inputs.gpus if g.name == gpu_type), None)
         if pods is None or gpu is None:
             return None
-        return count_free_replica_slots(world.nodes, pods, gpu, tensor_parallel)
+        return count_free_replica_slots(world.nodes, pods, gpu, gpus_per_pod)
 
     return advance_move(MoveContext(
         spec=spec, owner=run.owner, generation=run.generation, now=run.now, status=status, running=chosen,
@@ -462,7 +461,7 @@ def _retire(run: _Pass, chosen: Candidate) -> tuple[ObjectDelete, ...]:
     if old is None:
         return ()
     kind = WriteKind.DEPLOYMENT if run.multi_node else WriteKind.LEADER_WORKER_SET
-    why = (f"replicas now span {chosen.pipeline_parallel} nodes ({chosen.layout})" if run.multi_node
+    why = (f"replicas now span {chosen.nodes_per_replica} nodes ({chosen.layout})" if run.multi_node
            else f"a replica now fits one node ({chosen.layout})")
     name = str(old["metadata"]["name"])
     event = EventRecord("Normal", EventReason.WORKLOAD_REPLACED.value,
@@ -493,10 +492,10 @@ def _name_conflict(run: _Pass, status: LLMDeploymentStatus, evaluated: Collectio
 
 def _capacity_and_ready(run: _Pass, conditions: Sequence[Condition], gpu: GpuSpec, chosen: Candidate,
                         replicas: int, ready: int) -> list[Condition]:
-    tp, pp = chosen.tensor_parallel, chosen.pipeline_parallel
+    tp, pp = chosen.gpus_per_pod, chosen.nodes_per_replica  # GPUs per pod, pods (nodes) per replica
     capacity = count_gpu_capacity(run.world.nodes, gpu, tp)
     fits = capacity.replica_slots // pp  # a replica needs pp pods of tp GPUs, each on a node with room for it
-    shape = f"TP{tp}" if pp == 1 else f"{pp} pods of TP{tp}"
+    shape = chosen.parallelism if pp == 1 else f"{pp} pods of {tp} GPUs ({chosen.parallelism})"
     if fits < replicas:
         per_replica = f"{tp} per node" if pp == 1 else f"{pp} nodes x {tp} per replica"
         conditions = run.condition(

@@ -86,7 +86,7 @@ class MoveContext:
     # the configuration to move to: status.move's when one is under way, else the recommended one; None when
     # the spec with it pinned has no feasible plan
     plan: MovePlan | None
-    free_replica_slots: Callable[[str, int], int | None]  # (GPU type, TP) -> replicas that fit; None: unknown
+    free_replica_slots: Callable[[str, int], int | None]  # (GPU type, GPUs per pod) -> replicas that fit; None: unknown
     blocked_before: str | None = None  # why the last pass did not move (its Event is not repeated)
 
 
@@ -148,7 +148,7 @@ def _blocked(ctx: MoveContext, rec: RecommendationStatus, message: str | None) -
 
 def _why_not(ctx: MoveContext, plan: MovePlan, replicas: int, name: str) -> str | None:
     scaling, chosen = ctx.spec.scaling, plan.chosen
-    if ctx.multi_node or chosen.pipeline_parallel > 1:
+    if ctx.multi_node or chosen.multi_node:
         return (f"Auto moves between single-node Deployments only; {chosen.label} (or the running one) spans "
                 "nodes. Apply the recommendation by pinning it in the spec.")
     last = ctx.status.last_move_at
@@ -161,12 +161,12 @@ def _why_not(ctx: MoveContext, plan: MovePlan, replicas: int, name: str) -> str 
         return f"Deployment {name} already serves; a move needs another."
     if ctx.target is not None and _owned(ctx, ctx.target) is None:
         return f"Deployment {ctx.owner.namespace}/{name} exists and is not owned by this LLMDeployment."
-    free = ctx.free_replica_slots(chosen.gpu_type, chosen.tensor_parallel)
+    free = ctx.free_replica_slots(chosen.gpu_type, chosen.gpus_per_pod)
     if free is None:
         return "The cluster's free GPUs are unknown (pods could not be listed); no move until they are."
     if free < replicas:
-        return (f"The move needs {replicas} x {chosen.tensor_parallel} {chosen.gpu_type} free beside the running "
-                f"fleet ({replicas * chosen.tensor_parallel} GPUs); the cluster has room for {free} such "
+        return (f"The move needs {replicas} x {chosen.gpus_per_pod} {chosen.gpu_type} free beside the running "
+                f"fleet ({replicas * chosen.gpus_per_pod} GPUs); the cluster has room for {free} such "
                 "replica(s). Add nodes, or apply the recommendation by editing the spec.")
     return None
 
@@ -189,7 +189,8 @@ def _maybe_start(ctx: MoveContext) -> MoveStep:
     label = configuration_label(plan.chosen, ctx.generation)
     to = ServingConfigurationStatus(
         gpu_type=plan.chosen.gpu_type, tensor_parallel=plan.chosen.tensor_parallel,
-        pipeline_parallel=plan.chosen.pipeline_parallel, max_num_seqs=plan.chosen.max_num_seqs,
+        pipeline_parallel=plan.chosen.pipeline_parallel, data_parallel=plan.chosen.data_parallel,
+        max_num_seqs=plan.chosen.max_num_seqs,
         max_model_len=plan.chosen.max_model_len, deployment=f"{ctx.owner.name}-{label}", label=label,
         generation=ctx.generation)
     replicas = _new_replicas(ctx, plan, rec)

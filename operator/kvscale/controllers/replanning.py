@@ -67,6 +67,7 @@ def _cost_status(cost: FleetCost | None) -> ConfigurationCostStatus | None:
     c = cost.candidate
     return ConfigurationCostStatus(
         gpu_type=c.gpu_type, tensor_parallel=c.tensor_parallel, pipeline_parallel=c.pipeline_parallel,
+        data_parallel=c.data_parallel,
         max_num_seqs=c.max_num_seqs, max_model_len=c.max_model_len, gpu_memory_utilization=c.gpu_memory_utilization,
         goodput_requests_per_second=round(c.goodput_requests_per_s, 4), mean_replicas=round(cost.mean_replicas, 3),
         peak_replicas=cost.peak_replicas, cost_per_hour=round(cost.cost_per_hour, 4), minutes_short=cost.minutes_short,

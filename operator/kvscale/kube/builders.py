@@ -119,8 +119,10 @@ def build_engine_launch(spec: LLMDeploymentSpec, chosen: Candidate, native_preci
         precision=spec.model.precision or native_precision,
         native_precision=native_precision,
         kv_cache_dtype=spec.model.kv_cache_dtype,
-        image=image_for(spec.serving.engine, spec.serving.image, multi_node=chosen.pipeline_parallel > 1),
+        image=image_for(spec.serving.engine, spec.serving.image, multi_node=chosen.multi_node),
         pipeline_parallel=chosen.pipeline_parallel,
+        data_parallel=chosen.data_parallel,
+        data_parallel_local=chosen.data_parallel // chosen.data_parallel_nodes,
     )
 
 
@@ -173,7 +175,7 @@ def build_container(spec: LLMDeploymentSpec, launch: EngineLaunch, gpu: GpuSpec,
         "args": engine_args(launch, list(spec.serving.extra_args)),
         "env": [{"name": e.name, "value": e.value} for e in spec.serving.env],
         "ports": [{"name": PORT_NAME, "containerPort": SERVING_PORT, "protocol": "TCP"}],
-        "resources": build_resources(spec, gpu, launch.tensor_parallel),
+        "resources": build_resources(spec, gpu, launch.tensor_parallel * launch.data_parallel_local),
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
         **build_probes(),
         # a scale-down or rollout waits for the requests in flight instead of cutting them (kube/drain.py)
@@ -233,9 +235,9 @@ def build_deployment(
     scale subresource select all of the resource's pods.
     A replica over several nodes (pipeline parallel) is not one pod: refused (MultiNodeNotSupportedError).
     """
-    if chosen.pipeline_parallel > 1:
+    if chosen.multi_node:
         raise MultiNodeNotSupportedError(
-            f"a replica of {chosen.layout} spans {chosen.pipeline_parallel} nodes: a single-pod Deployment "
+            f"a replica of {chosen.layout} spans {chosen.nodes_per_replica} nodes: a single-pod Deployment "
             "cannot run it (build_leader_worker_set)")
     launch = build_engine_launch(spec, chosen, native_precision)
     pod_spec = build_pod_spec(spec, launch, gpu, grace_for(spec, chosen))

@@ -53,6 +53,14 @@ class EngineLaunch:
     kv_cache_dtype: KvCacheDtype
     image: str  # the container image (image_for): which flags the engine in it knows
     pipeline_parallel: int = 1  # stages, one node each: >1 is a multi-node replica (a LeaderWorkerSet group)
+    # Data-parallel engines with expert parallel (MoE), and how many of them each pod (node) runs: fewer
+    # than all makes a multi-node replica too.
+    data_parallel: int = 1
+    data_parallel_local: int = 1
+
+    @property
+    def multi_node(self) -> bool:
+        return self.pipeline_parallel > 1 or self.data_parallel_local < self.data_parallel
 
 
 # A replica over several nodes needs the engine's multi-node launch without Ray: vLLM's --nnodes/--node-rank/
@@ -114,6 +122,33 @@ WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 SGLANG_DIST_INIT_PORT = 20000
 
 
+# Where the data-parallel engines of a group find their coordinator on the leader (vLLM's docs use 13345).
+DATA_PARALLEL_RPC_PORT = 13345
+
+
+def data_parallel_args(launch: EngineLaunch, leader: bool) -> list[str]:
+    """vLLM's data-parallel engines with expert-parallel MoE layers (docs/serving/data_parallel_deployment.md,
+    internal load balancing): one API server on the leader, `--data-parallel-size-local` engines per pod;
+    workers run `--headless` from their first rank (`--data-parallel-start-rank`, which worker_command
+    computes from the worker index)."""
+    args = ["--data-parallel-size", str(launch.data_parallel), "--enable-expert-parallel"]
+    if not launch.multi_node:
+        return args
+    args += ["--data-parallel-size-local", str(launch.data_parallel_local),
+             "--data-parallel-address", f"$({LEADER_ADDRESS_ENV})",
+             "--data-parallel-rpc-port", str(DATA_PARALLEL_RPC_PORT)]
+    return args if leader else [*args, "--headless"]
+
+
+def worker_command(launch: EngineLaunch, command: list[str]) -> list[str]:
+    """A worker pod's command. Data-parallel workers start at rank index x engines-per-pod, which Kubernetes
+    cannot compute from $(LWS_WORKER_INDEX): a shell does, then execs the engine with the container's args."""
+    if launch.data_parallel <= 1:
+        return command
+    start_rank = f"$(({WORKER_INDEX_ENV} * {launch.data_parallel_local}))"
+    return ["/bin/sh", "-c", f'exec {" ".join(command)} "$@" --data-parallel-start-rank {start_rank}', command[0]]
+
+
 def multi_node_args(launch: EngineLaunch, leader: bool) -> list[str]:
     """Flags that join one pod to a replica spread over `pipeline_parallel` nodes, one stage per node.
 
@@ -166,9 +201,11 @@ def sglang_args(launch: EngineLaunch) -> list[str]:
 
 def engine_args(launch: EngineLaunch, extra_args: list[str], leader: bool = True) -> list[str]:
     """The container's args; the user's extra arguments come last so they win over ours. A multi-node
-    replica's pods (`launch.pipeline_parallel` > 1) add their part in it: the leader's, or a worker's."""
+    replica's pods (`launch.multi_node`) add their part in it: the leader's, or a worker's."""
     rendered = vllm_args(launch) if launch.engine == Engine.VLLM else sglang_args(launch)
-    if launch.pipeline_parallel > 1:
+    if launch.data_parallel > 1:
+        rendered += data_parallel_args(launch, leader)
+    elif launch.pipeline_parallel > 1:
         rendered += multi_node_args(launch, leader)
     return [*rendered, *extra_args]
 

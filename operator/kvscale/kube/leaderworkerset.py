@@ -1,6 +1,7 @@
 """The pure builder of a multi-node replica set: a LeaderWorkerSet (sigs.k8s.io/lws, API v1).
 
-A replica of `pipeline_parallel` stages is one group of that many pods, one per node: the leader (worker
+A replica over N nodes (pipeline stages, or data-parallel engines filling whole nodes) is one group of N
+pods, one per node: the leader (worker
 index 0) runs the engine's rank 0, serves the API and /metrics and takes the Service's traffic; the
 workers join it headless. LWS scales whole groups (`spec.replicas` = replicas of the plan), recreates a
 group when one of its pods restarts (the NCCL group cannot lose a rank), and gives each pod the leader's
@@ -27,7 +28,7 @@ from kvscale.kube.builders import (
     scrape_annotations,
     selector_labels,
 )
-from kvscale.kube.engines import engine_args, image_for, vllm_release_of
+from kvscale.kube.engines import engine_args, image_for, vllm_release_of, worker_command
 from kvscale.planner import Candidate
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -79,11 +80,11 @@ def leader_selector(owner: Owner) -> dict[str, str]:
     return {**selector_labels(owner), WORKER_INDEX_LABEL: LEADER_INDEX}
 
 
-def _worker_container(leader: dict[str, Any], args: list[str]) -> dict[str, Any]:
+def _worker_container(leader: dict[str, Any], command: list[str], args: list[str]) -> dict[str, Any]:
     """A worker runs the same engine headless: no API, so no port, probes or drain (the group goes with
     its leader, which drains)."""
     kept = ("name", "image", "env", "resources", "volumeMounts")
-    return {**{key: leader[key] for key in kept}, "command": list(leader["command"]), "args": args}
+    return {**{key: leader[key] for key in kept}, "command": command, "args": args}
 
 
 def build_leader_worker_set(
@@ -95,13 +96,14 @@ def build_leader_worker_set(
     gpu: GpuSpec,
     native_precision: Precision,
 ) -> dict[str, Any]:
-    """The LeaderWorkerSet for a plan whose replicas span `chosen.pipeline_parallel` nodes, `replicas` groups."""
+    """The LeaderWorkerSet for a plan whose replicas span `chosen.nodes_per_replica` nodes, `replicas` groups."""
     launch = build_engine_launch(spec, chosen, native_precision)
     grace_s = grace_for(spec, chosen)
     leader_container = build_container(spec, launch, gpu, grace_s)
     leader_spec = pod_spec_around(spec, leader_container, gpu, grace_s)
     worker_args = engine_args(launch, list(spec.serving.extra_args), leader=False)
-    worker_spec = pod_spec_around(spec, _worker_container(leader_container, worker_args), gpu, grace_s)
+    worker = _worker_container(leader_container, worker_command(launch, list(leader_container["command"])), worker_args)
+    worker_spec = pod_spec_around(spec, worker, gpu, grace_s)
     labels = object_labels(owner, spec)
     return {
         "apiVersion": LWS_API_VERSION,
@@ -114,7 +116,7 @@ def build_leader_worker_set(
             "rolloutStrategy": {"type": "RollingUpdate",
                                 "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
             "leaderWorkerTemplate": {
-                "size": chosen.pipeline_parallel,
+                "size": chosen.nodes_per_replica,
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": {
                     "metadata": {"labels": labels,

@@ -6,6 +6,11 @@ Pipeline parallel (`pipeline_parallel` > 1, a replica over several nodes): vLLM 
 contiguous run of ceil-or-floor(L / PP) decoder layers; the first stage also holds the embedding and
 the last the LM head. Per-GPU figures are for the largest stage: ceil(L / PP) layers plus the larger
 of the embedding and the head (conservative by one of them at most), and the KV cache of its layers.
+
+Data-parallel attention with expert parallelism (`data_parallel` > 1, MoE models; vLLM
+`--data-parallel-size D --enable-expert-parallel`): each of the D engines holds the whole non-expert
+model (sharded over its own TP ranks) and its own KV cache; the routed experts are split whole over all
+D x TP GPUs (the expert-parallel group), not sharded within them.
 """
 
 from __future__ import annotations
@@ -159,11 +164,16 @@ def stage_layer_share(arch: ModelArchitecture, pipeline_parallel: int = 1) -> fl
 
 
 def weights_bytes_per_gpu(arch: ModelArchitecture, precision: Precision, tensor_parallel: int,
-                          pipeline_parallel: int = 1) -> float:
+                          pipeline_parallel: int = 1, data_parallel: int = 1) -> float:
     """Weights one rank holds: everything is sharded across TP except replicated KV projections; with
-    PP, the largest stage's layers plus the larger of the embedding and the LM head."""
+    PP, the largest stage's layers plus the larger of the embedding and the LM head; with data-parallel
+    attention and expert parallelism, the routed experts over all D x TP GPUs."""
     weights = compute_weight_bytes(arch, precision)
     total = weights.total(arch)
+    if data_parallel > 1:
+        # Whole experts per GPU (EP shards experts, not their matrices): the routed share is E / (D x TP).
+        routed = weights.routed_expert * arch.num_moe_layers * arch.num_experts
+        total -= routed * (1.0 - 1.0 / data_parallel)
     share = stage_layer_share(arch, pipeline_parallel)
     if pipeline_parallel > 1:
         counts = compute_parameter_counts(arch)
@@ -218,6 +228,7 @@ def compute_kv_capacity(
     max_num_seqs: int,
     context_tokens: float | None = None,
     pipeline_parallel: int = 1,
+    data_parallel: int = 1,
 ) -> KvCapacity:
     """KV-cache capacity in tokens of one replica, following vLLM's `determine_available_memory`.
 
@@ -225,10 +236,13 @@ def compute_kv_capacity(
     stops growing at the window); without it every layer is treated as full attention. With
     `pipeline_parallel` > 1, the figures are those of a rank of the largest stage, whose cache holds
     its own layers of every token (so the replica holds PP times the tokens of one stage's share).
+    With `data_parallel` > 1, the figures are those of one engine (its own cache, `max_num_seqs` and token
+    budget its own), whose GPUs hold E / (D x TP) of the routed experts.
     """
-    weights = weights_bytes_per_gpu(arch, precision, tensor_parallel, pipeline_parallel)
+    weights = weights_bytes_per_gpu(arch, precision, tensor_parallel, pipeline_parallel, data_parallel)
     activation = activation_peak_bytes(arch, tensor_parallel, max_num_batched_tokens, max_num_seqs)
-    reserve = RUNTIME_RESERVE_BYTES + (NCCL_RESERVE_BYTES if tensor_parallel > 1 or pipeline_parallel > 1 else 0)
+    communicates = tensor_parallel > 1 or pipeline_parallel > 1 or data_parallel > 1
+    reserve = RUNTIME_RESERVE_BYTES + (NCCL_RESERVE_BYTES if communicates else 0)
     usable = math.ceil(memory_bytes * gpu_memory_utilization) - weights - activation - reserve
     if context_tokens:
         per_token: float = kv_bytes_per_sequence(arch, context_tokens, kv_cache_dtype, tensor_parallel) / context_tokens

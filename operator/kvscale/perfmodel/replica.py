@@ -17,11 +17,22 @@ a single micro-batch, and the heaviest micro-batch paces the cycle (the others w
 every stage). So per-token latency is the sum of all stages plus the transfers, decode throughput
 is about that of PP micro-batches in flight, and prefill gains no speed from PP (conservative
 under heavy prompt load, where vLLM would spread prompts over micro-batches too).
+
+Data-parallel attention with expert parallelism (`data_parallel` = D > 1, MoE models): a replica is D
+engines of `tensor_parallel` GPUs behind one API server, each with its own scheduler (`max_num_seqs`
+and token budget apply per engine) and KV cache, whose MoE layers form one expert-parallel group of
+D x TP GPUs. All engines step together (a dispatch and a combine all-to-all in every MoE layer; vLLM
+runs dummy steps on idle engines), so the busiest engine paces the step. Here a "step" takes the
+replica's whole batch: the decodes spread evenly over the engines (vLLM's front end balances by queue
+length), a prompt chunk rides one engine unless more prompts than engines share the step; each GPU's
+experts see the tokens of every engine (routing assumed uniform: no hot experts), and each GPU reads
+only the distinct experts of its own E / (D x TP). What D buys: expert weights read once per step for
+D engines' tokens, and, for MLA models, no cache replicated over TP ranks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -30,7 +41,9 @@ from kvscale.api.spec import KvCacheDtype, Precision
 from kvscale.catalog.architecture import ModelArchitecture
 from kvscale.catalog.gpus import GpuSpec
 from kvscale.perfmodel.communication import (
+    ALL_TO_ALLS_PER_MOE_LAYER,
     ALLREDUCES_PER_LAYER,
+    estimate_all_to_all_s,
     estimate_allreduce_s,
     estimate_stage_transfer_s,
 )
@@ -71,15 +84,35 @@ class ServingSetup:
     max_num_batched_tokens: int = 0  # 0: vLLM's default for the GPU
     efficiency: EfficiencyFactors = field(default=DEFAULT_EFFICIENCY)
     pipeline_parallel: int = 1  # stages, one node each (vLLM --pipeline-parallel-size)
+    # Engines with data-parallel attention and expert-parallel MoE layers (vLLM --data-parallel-size
+    # with --enable-expert-parallel), each of `tensor_parallel` GPUs; `gpus_per_node` tells which of the
+    # all-to-all's traffic leaves the node.
+    data_parallel: int = 1
+    gpus_per_node: int = 8
 
     @property
-    def token_budget(self) -> int:
+    def engine_token_budget(self) -> int:
+        """One engine's tokens per step (vLLM --max-num-batched-tokens)."""
         return self.max_num_batched_tokens or default_max_num_batched_tokens(self.gpu)
 
     @property
+    def token_budget(self) -> int:
+        """The replica's tokens per step: every data-parallel engine's budget."""
+        return self.engine_token_budget * self.data_parallel
+
+    @property
     def gpus(self) -> int:
-        """GPUs of one replica: TP within a node times PP stages across nodes."""
-        return self.tensor_parallel * self.pipeline_parallel
+        """GPUs of one replica: TP within a node times PP stages across nodes, times the DP engines."""
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+    @property
+    def expert_parallel(self) -> int:
+        """GPUs the routed experts are split over (1: sharded by TP within each rank instead)."""
+        return self.tensor_parallel * self.data_parallel if self.data_parallel > 1 else 1
+
+    def replica_max_num_seqs(self, max_num_seqs: int) -> int:
+        """Sequences a replica runs at once: vLLM's --max-num-seqs applies to each data-parallel engine."""
+        return max_num_seqs * self.data_parallel
 
 
 @dataclass(frozen=True)
@@ -136,6 +169,10 @@ class ReplicaModel:
         """
         eff = self.setup.efficiency
         decode = np.asarray(decode_seqs, dtype=np.float64)
+        engines = self.setup.data_parallel
+        if engines > 1:
+            return self._data_parallel_step_s(decode, context_tokens, prefill_tokens, prefill_attention_pairs,
+                                              prefill_seqs) + eff.step_overhead_s
         stages = self.setup.pipeline_parallel
         if stages <= 1:
             return self._pass_s(decode, context_tokens, prefill_tokens, prefill_attention_pairs,
@@ -148,20 +185,48 @@ class ReplicaModel:
         transfer = (stages - 1) * boundary + np.where(heaviest > 0, eff.stage_transfer_latency_s, 0.0)
         return passing + transfer + eff.step_overhead_s
 
+    def _data_parallel_step_s(self, decode: Array, context_tokens: ArrayLike, prefill_tokens: ArrayLike,
+                              prefill_attention_pairs: ArrayLike, prefill_seqs: ArrayLike) -> Array:
+        """The replica's batch over its D engines, paced by the busiest (module docstring)."""
+        engines = float(self.setup.data_parallel)
+        prefill = np.asarray(prefill_tokens, dtype=np.float64)
+        prompts = np.asarray(prefill_seqs, dtype=np.float64)
+        # The busiest engine: its share of the decodes (at least one while any run) and the prompt tokens
+        # of one prompt, or an even share when more prompts than engines are in the step.
+        busiest_decode = np.where(decode > 0, np.maximum(decode / engines, np.minimum(decode, 1.0)), 0.0)
+        share = np.where(prefill > 0, 1.0 / np.clip(prompts, 1.0, engines), 0.0)
+        busiest_prefill = prefill * share
+        passing = self._pass_s(busiest_decode, context_tokens, busiest_prefill,
+                               np.asarray(prefill_attention_pairs, dtype=np.float64) * share,
+                               prompts * share, expert_tokens=decode + prefill)
+        setup = self.setup
+        hidden_bytes = self.arch.hidden_size * ACTIVATION_BYTES * self.arch.num_experts_per_token
+        # Each TP rank of an engine dispatches its 1/TP of the engine's tokens.
+        exchange = estimate_all_to_all_s(setup.gpu, setup.expert_parallel, setup.gpus_per_node,
+                                         (busiest_decode + busiest_prefill) / setup.tensor_parallel,
+                                         hidden_bytes, setup.efficiency)
+        all_to_all: Array = self.arch.num_moe_layers * ALL_TO_ALLS_PER_MOE_LAYER * exchange
+        return passing + all_to_all
+
     def _pass_s(self, decode: Array, context_tokens: ArrayLike, prefill_tokens: ArrayLike,
-                prefill_attention_pairs: ArrayLike, prefill_seqs: ArrayLike) -> Array:
-        """One batch through every layer on TP ranks, without the per-step overhead."""
+                prefill_attention_pairs: ArrayLike, prefill_seqs: ArrayLike,
+                expert_tokens: ArrayLike | None = None) -> Array:
+        """One batch through every layer on TP ranks, without the per-step overhead. `expert_tokens`: the
+        tokens every engine routes to the experts (data parallel; default: this batch's)."""
         eff = self.setup.efficiency
         gpu = self.setup.gpu
         arch = self.arch
         prefill = np.asarray(prefill_tokens, dtype=np.float64)
         tokens = decode + prefill
+        routed = tokens if expert_tokens is None else np.asarray(expert_tokens, dtype=np.float64)
         bandwidth = gpu.hbm_bandwidth_bytes_per_s
 
-        experts = self._experts_touched_per_layer(tokens) * arch.num_moe_layers
+        experts = self._experts_touched_per_layer(routed) * arch.num_moe_layers
         weight_bytes = self.always_read_bytes + experts * self.routed_expert_bytes
         logit_rows = decode + np.minimum(np.asarray(prefill_seqs, dtype=np.float64), prefill)
-        linear_flops = (tokens * (self.linear_flops_per_token + self.expert_flops_per_token)
+        # Routed-expert work per GPU: the group's tokens spread over its D x TP GPUs (as tokens / TP without DP).
+        expert_share = routed / self.setup.data_parallel
+        linear_flops = (tokens * self.linear_flops_per_token + expert_share * self.expert_flops_per_token
                         + logit_rows * self.lm_head_flops_per_token)
         linear_s = np.maximum(weight_bytes / (bandwidth * eff.hbm_bandwidth),
                               linear_flops / (self.linear_flops_per_s * eff.compute))
@@ -210,7 +275,8 @@ def build_replica_model(setup: ServingSetup) -> ReplicaModel:
     return ReplicaModel(
         setup=setup,
         always_read_bytes=weights.always_read / tp,
-        routed_expert_bytes=weights.routed_expert / tp,
+        routed_expert_bytes=weights.routed_expert / setup.expert_parallel if setup.data_parallel > 1
+        else weights.routed_expert / tp,
         linear_flops_per_token=2.0 * dense_linear / tp,
         lm_head_flops_per_token=2.0 * lm_head / tp,
         expert_flops_per_token=2.0 * arch.num_moe_layers * arch.num_experts_per_token * counts.routed_expert_size / tp,
@@ -223,19 +289,24 @@ def build_replica_model(setup: ServingSetup) -> ReplicaModel:
 
 def compute_replica_kv_capacity(setup: ServingSetup, max_num_seqs: int,
                                 context_tokens: float | None = None) -> KvCapacity:
-    return compute_kv_capacity(
+    """What a replica caches; `max_num_seqs` is the engine flag. With data-parallel engines the bytes
+    are one engine's rank's and `tokens` the replica's (every engine's cache)."""
+    engine = compute_kv_capacity(
         setup.arch,
         setup.gpu.memory_bytes,
         setup.precision,
         setup.kv_cache_dtype,
         setup.tensor_parallel,
         setup.gpu_memory_utilization,
-        setup.token_budget,
+        setup.engine_token_budget,
         max_num_seqs,
         context_tokens,
         setup.pipeline_parallel,
+        setup.data_parallel,
     )
+    return replace(engine, tokens=engine.tokens * setup.data_parallel)
 
 
 def replica_weights_bytes_per_gpu(setup: ServingSetup) -> float:
-    return weights_bytes_per_gpu(setup.arch, setup.precision, setup.tensor_parallel, setup.pipeline_parallel)
+    return weights_bytes_per_gpu(setup.arch, setup.precision, setup.tensor_parallel, setup.pipeline_parallel,
+                                 setup.data_parallel)

@@ -7,6 +7,10 @@ from kvscale.catalog.architecture import ModelArchitecture
 TENSOR_PARALLEL_DEGREES = (1, 2, 4, 8, 16)
 # Nodes per replica when a replica spans nodes: TP fills each node, PP stages run across them.
 PIPELINE_PARALLEL_DEGREES = (1, 2, 3, 4)
+# Data-parallel engines per replica (MoE models, expert parallel over all their GPUs): within a node, or
+# whole nodes of them (at most MAX_DATA_PARALLEL_NODES).
+DATA_PARALLEL_DEGREES = (2, 4, 8, 16, 32, 64)
+MAX_DATA_PARALLEL_NODES = 4
 MAX_NUM_SEQS_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
@@ -45,4 +49,21 @@ def parallel_layouts(arch: ModelArchitecture, gpus_per_node: int, pinned_tp: int
             layouts += [(tp, 1) for tp in tps]
         elif tps and pp <= arch.num_layers and (pinned_pp or max(tps) == max(whole_node)):
             layouts.append((max(tps), pp))
+    return layouts
+
+
+def data_parallel_layouts(arch: ModelArchitecture, gpus_per_node: int, pinned_tp: int | None,
+                          pinned_dp: int | None) -> list[tuple[int, int]]:
+    """(TP, DP) pairs for data-parallel attention with expert parallelism (MoE models only): D engines of
+    TP GPUs each, either within one node or filling 2-4 whole nodes (vLLM places DP ranks node by node)."""
+    if not arch.is_moe or pinned_dp == 1:
+        return []
+    layouts = []
+    for tp in tensor_parallel_options(arch, gpus_per_node, pinned_tp):
+        for dp in (pinned_dp,) if pinned_dp else DATA_PARALLEL_DEGREES:
+            gpus = tp * dp
+            within = gpus <= gpus_per_node
+            whole_nodes = gpus % gpus_per_node == 0 and gpus // gpus_per_node <= MAX_DATA_PARALLEL_NODES
+            if within or whole_nodes:
+                layouts.append((tp, dp))
     return layouts

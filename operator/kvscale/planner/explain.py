@@ -32,6 +32,11 @@ def _money(value: float) -> str:
 def _replicas_words(c: Candidate) -> str:
     """'2 x 8 H100-SXM (TP8' or, for replicas over nodes, '1 x [2 nodes x 8 H100-SXM] (TP 8 within a
     node, PP 2 across nodes over 400 Gb/s' (the caller closes the parenthesis)."""
+    if c.data_parallel > 1:
+        where = (f"over {c.nodes_per_replica} nodes at {c.inter_node_gbit_per_s:g} Gb/s per GPU" if c.multi_node
+                 else "within a node")
+        return (f"{c.replicas} x [{c.layout}] ({c.data_parallel} data-parallel engines of TP {c.tensor_parallel}, "
+                f"experts split over all {c.gpus_per_replica} GPUs {where}")
     if c.pipeline_parallel <= 1:
         return f"{c.replicas} x {c.tensor_parallel} {c.gpu_type} (TP{c.tensor_parallel}"
     return (f"{c.replicas} x [{c.layout}] (TP {c.tensor_parallel} within a node, PP {c.pipeline_parallel} "
@@ -43,30 +48,62 @@ def _boundaries(count: int) -> str:
 
 
 def _why_this_many_nodes(chosen: Candidate, runners_up: Sequence[Candidate], rejected: Sequence[Candidate]) -> str:
-    """Why a replica spans nodes (or does not), when the other kind was on the table."""
+    """Why a replica spans nodes (or does not), when the other kind was on the table; and why data-parallel
+    engines (or not), when both were."""
+    engines = _why_data_parallel(chosen, runners_up)
+    nodes = _why_nodes(chosen, runners_up, rejected)
+    return " ".join(part for part in (nodes, engines) if part)
+
+
+def _why_data_parallel(chosen: Candidate, runners_up: Sequence[Candidate]) -> str:
+    if chosen.data_parallel > 1:
+        plain = [c for c in runners_up if c.data_parallel == 1]
+        per_step = (f"each engine runs its own batch of up to {chosen.max_num_seqs} sequences and KV cache, and "
+                    f"each GPU reads only its 1/{chosen.gpus_per_replica} of the experts once for all "
+                    f"{chosen.data_parallel} engines' tokens (two all-to-alls per MoE layer, included above)")
+        if plain:
+            best = plain[0]
+            return (f"Data-parallel engines with expert parallel win on cost ({per_step}); without them the best is "
+                    f"{best.replicas} x {best.layout} ({best.parallelism}) at {_money(best.cost_per_hour)}.")
+        return f"Data-parallel engines with expert parallel: {per_step}."
+    return _best_of_the_other_kind(
+        [c for c in runners_up if c.data_parallel > 1], runners_up,
+        "Data-parallel engines with expert parallel cost more here (the next best).",
+        "Best with data-parallel engines (expert parallel)", "")
+
+
+def _best_of_the_other_kind(others: Sequence[Candidate], runners_up: Sequence[Candidate], when_next_best: str,
+                            words: str, why: str) -> str:
+    """The cheapest runner-up of the kind not chosen: named, unless it is the next best anyway."""
+    if not others:
+        return ""
+    best = others[0]
+    if best is runners_up[0]:
+        return when_next_best
+    return f"{words}: {best.replicas} x [{best.layout}] ({best.parallelism}) at {_money(best.cost_per_hour)}{why}."
+
+
+def _why_nodes(chosen: Candidate, runners_up: Sequence[Candidate], rejected: Sequence[Candidate]) -> str:
+    if chosen.data_parallel > 1:
+        return ""
     if chosen.pipeline_parallel > 1:
-        single = [c for c in runners_up if c.pipeline_parallel == 1]
+        single = [c for c in runners_up if not c.multi_node]
         if single:
             best = single[0]
             if best is runners_up[0]:
                 return "Spanning nodes wins on cost over the best single-node plan (the next best)."
             return (f"Spanning nodes wins on cost: the best single-node plan, {best.replicas} x {best.layout} "
                     f"({best.parallelism}), costs {_money(best.cost_per_hour)}.")
-        reasons = [c.rejection for c in rejected if c.pipeline_parallel == 1]
+        reasons = [c.rejection for c in rejected if c.nodes_per_replica == 1]
         why = (f"because no single node serves the model: {reasons[-1]}" if reasons
                else "as spec.serving.pipelineParallel pins it")
         return (f"A replica spans {chosen.pipeline_parallel} nodes {why}. "
                 f"Layers are split across the nodes (pipeline parallel); each token crosses "
                 f"{_boundaries(chosen.pipeline_parallel - 1)}, which the latencies above include.")
-    multi = [c for c in runners_up if c.pipeline_parallel > 1]
-    if multi:
-        best = multi[0]
-        if best is runners_up[0]:
-            return ("Replicas over several nodes cost more here: pipeline parallel adds memory, not speed per "
-                    "token (the next best).")
-        return (f"Best replica over several nodes: {best.replicas} x [{best.layout}] ({best.parallelism}) at "
-                f"{_money(best.cost_per_hour)}; pipeline parallel adds memory, not speed per token.")
-    return ""
+    return _best_of_the_other_kind(
+        [c for c in runners_up if c.pipeline_parallel > 1 and c.data_parallel == 1], runners_up,
+        "Replicas over several nodes cost more here: pipeline parallel adds memory, not speed per token (the next "
+        "best).", "Best replica over several nodes", "; pipeline parallel adds memory, not speed per token")
 
 
 def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
@@ -97,7 +134,7 @@ def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
         parts.append(nodes)
     if runners_up:
         other = runners_up[0]
-        layout = f"[{other.layout}]" if other.pipeline_parallel > 1 else other.layout
+        layout = f"[{other.layout}]" if other.multi_node else other.layout
         parts.append(f"Next best: {other.replicas} x {layout} "
                      f"({other.parallelism}) at {_money(other.cost_per_hour)}.")
     if rejected:

@@ -21,22 +21,25 @@ class Predicted:
     running_seqs_per_replica: float
 
 
-def replica_layout(gpu_type: str, tensor_parallel: int, pipeline_parallel: int) -> str:
+def replica_layout(gpu_type: str, gpus_per_node: int, nodes: int) -> str:
     """One replica's GPUs: '8 x H100-SXM', or '2 nodes x 8 H100-SXM' when it spans nodes."""
-    if pipeline_parallel <= 1:
-        return f"{tensor_parallel} x {gpu_type}"
-    return f"{pipeline_parallel} nodes x {tensor_parallel} {gpu_type}"
+    if nodes <= 1:
+        return f"{gpus_per_node} x {gpu_type}"
+    return f"{nodes} nodes x {gpus_per_node} {gpu_type}"
 
 
-def serving_flags(config: ServingConfiguration) -> tuple[str, int, int, int, int]:
-    """What a move between configurations changes: GPU type, TP, PP, max-num-seqs, max-model-len."""
-    return (config.gpu_type, config.tensor_parallel, config.pipeline_parallel, config.max_num_seqs,
-            config.max_model_len)
+def serving_flags(config: ServingConfiguration) -> tuple[str, int, int, int, int, int]:
+    """What a move between configurations changes: GPU type, TP, PP, DP, max-num-seqs, max-model-len."""
+    return (config.gpu_type, config.tensor_parallel, config.pipeline_parallel, config.data_parallel,
+            config.max_num_seqs, config.max_model_len)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One evaluated configuration (a GPU type, TP and PP degrees and max-num-seqs)."""
+    """One evaluated configuration (a GPU type, TP, PP and DP degrees and max-num-seqs).
+
+    `max_num_seqs` is the engine flag: with data-parallel engines each has its own (the replica runs
+    `replica_max_num_seqs`); `kv_cache_tokens` is what the whole replica caches."""
 
     gpu_type: str
     tensor_parallel: int
@@ -56,7 +59,11 @@ class Candidate:
     predicted: Predicted | None
     rejection: str = ""  # why this candidate cannot serve; empty when it can
     pipeline_parallel: int = 1  # stages, one node each: a replica spans this many nodes
-    inter_node_gbit_per_s: float = 0.0  # the network between a replica's nodes, per GPU (PP > 1)
+    inter_node_gbit_per_s: float = 0.0  # the network between a replica's nodes, per GPU (more than one node)
+    # Data-parallel engines (MoE: attention data-parallel, experts parallel over all the replica's GPUs),
+    # and the nodes they fill (1: all within one node).
+    data_parallel: int = 1
+    data_parallel_nodes: int = 1
 
     @property
     def feasible(self) -> bool:
@@ -64,22 +71,37 @@ class Candidate:
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
     @property
     def nodes_per_replica(self) -> int:
-        return self.pipeline_parallel
+        return self.pipeline_parallel * self.data_parallel_nodes
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """GPUs of one pod: one per node of the replica."""
+        return self.gpus_per_replica // self.nodes_per_replica
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes_per_replica > 1
+
+    @property
+    def replica_max_num_seqs(self) -> int:
+        """Sequences the replica runs at once (every data-parallel engine's max-num-seqs)."""
+        return self.max_num_seqs * self.data_parallel
 
     @property
     def parallelism(self) -> str:
-        """TP8, or TP8 PP2 for a replica over two nodes."""
+        """TP8, TP8 PP2 for a replica over two nodes, or TP1 DP16 EP16 with data-parallel engines."""
         pp = f" PP{self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
-        return f"TP{self.tensor_parallel}{pp}"
+        dp = f" DP{self.data_parallel} EP{self.tensor_parallel * self.data_parallel}" if self.data_parallel > 1 else ""
+        return f"TP{self.tensor_parallel}{pp}{dp}"
 
     @property
     def layout(self) -> str:
         """One replica's GPUs: '8 x H100-SXM', or '2 nodes x 8 H100-SXM' when it spans nodes."""
-        return replica_layout(self.gpu_type, self.tensor_parallel, self.pipeline_parallel)
+        return replica_layout(self.gpu_type, self.gpus_per_pod, self.nodes_per_replica)
 
     @property
     def label(self) -> str:
@@ -96,6 +118,7 @@ class CandidateCurve:
     tpot_ms: tuple[float, ...]
     output_tokens_per_s_per_gpu: tuple[float, ...]
     pipeline_parallel: int = 1
+    data_parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -124,6 +147,7 @@ class Plan:
             "gpu_type": chosen.gpu_type if chosen else None,
             "tensor_parallel": chosen.tensor_parallel if chosen else None,
             "pipeline_parallel": chosen.pipeline_parallel if chosen else None,
+            "data_parallel": chosen.data_parallel if chosen else None,
             "nodes_per_replica": chosen.nodes_per_replica if chosen else None,
             "max_num_seqs": chosen.max_num_seqs if chosen else None,
             "max_model_len": chosen.max_model_len if chosen else None,
@@ -139,7 +163,8 @@ class Plan:
             "predicted": _predicted_dict(chosen.predicted) if chosen and chosen.predicted else None,
             "alternatives": [_candidate_summary(c) for c in self.alternatives],
             "rejected": [{"gpu_type": c.gpu_type, "tensor_parallel": c.tensor_parallel,
-                          "pipeline_parallel": c.pipeline_parallel, "reason": c.rejection}
+                          "pipeline_parallel": c.pipeline_parallel, "data_parallel": c.data_parallel,
+                          "reason": c.rejection}
                          for c in self.rejected],
         }
         return body
@@ -162,6 +187,7 @@ def _candidate_summary(candidate: Candidate) -> dict[str, Any]:
         "gpu_type": candidate.gpu_type,
         "tensor_parallel": candidate.tensor_parallel,
         "pipeline_parallel": candidate.pipeline_parallel,
+        "data_parallel": candidate.data_parallel,
         "max_num_seqs": candidate.max_num_seqs,
         "replicas": candidate.replicas,
         "gpus": candidate.gpus,

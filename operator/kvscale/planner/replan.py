@@ -63,7 +63,7 @@ class FleetCost:
     minutes_short: int  # minutes whose demand needs more replicas than maxReplicas allows
 
     @property
-    def flags(self) -> tuple[str, int, int, int, int]:
+    def flags(self) -> tuple[str, int, int, int, int, int]:
         return serving_flags(self.candidate)
 
 
@@ -116,10 +116,10 @@ def price_on_traffic(candidate: Candidate, spec: LLMDeploymentSpec, rates_per_s:
 
 
 def pinned_to(spec: LLMDeploymentSpec, running: ServingConfiguration) -> LLMDeploymentSpec:
-    """The spec allowing only that configuration (its GPU type, TP, PP and max-num-seqs)."""
+    """The spec allowing only that configuration (its GPU type, TP, PP, DP and max-num-seqs)."""
     serving = spec.serving.model_copy(update={
         "tensor_parallel": running.tensor_parallel, "pipeline_parallel": running.pipeline_parallel,
-        "max_num_seqs": running.max_num_seqs})
+        "data_parallel": running.data_parallel, "max_num_seqs": running.max_num_seqs})
     gpu = spec.gpu.model_copy(update={"types": [running.gpu_type]})
     return spec.model_copy(update={"serving": serving, "gpu": gpu})
 

@@ -1,7 +1,9 @@
 """The search: evaluate every (GPU type, TP, PP, max-num-seqs), keep the cheapest SLO-compliant plan.
 
 A replica is one node (TP within it) or, for models bigger than a node, whole nodes joined by
-pipeline parallel (TP within each node, PP across nodes); both kinds compete on cost.
+pipeline parallel (TP within each node, PP across nodes); for MoE models also D data-parallel engines
+whose experts are split over all their GPUs (expert parallel), within a node or over whole nodes. All
+kinds compete on cost.
 
 Pure: the architecture and GPU specs are resolved by the caller (catalog lookups, config.json files).
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvscale.api.spec import LLMDeploymentSpec, Precision
+from kvscale.api.spec import Engine, LLMDeploymentSpec, Precision
 from kvscale.catalog import GpuSpec, ModelArchitecture, find_gpu, resolve_architecture
 from kvscale.errors import PlanningError
 from kvscale.perfmodel.efficiency import DEFAULT_EFFICIENCY, EfficiencyFactors
@@ -37,7 +39,7 @@ from kvscale.perfmodel.serving import (
     estimate_goodput,
     prompt_strata,
 )
-from kvscale.planner.candidates import max_num_seqs_options, parallel_layouts
+from kvscale.planner.candidates import data_parallel_layouts, max_num_seqs_options, parallel_layouts
 from kvscale.planner.explain import explain_feasible, explain_infeasible
 from kvscale.planner.plan import Candidate, CandidateCurve, Plan, Predicted, replica_layout
 from kvscale.units import GIB, S_PER_HOUR, gbit_per_s_to_bytes_per_s, ms_to_s, s_to_ms
@@ -85,25 +87,40 @@ def _precision(inputs: PlanInputs) -> Precision:
     return inputs.spec.model.precision or inputs.arch.native_precision
 
 
+def gpus_per_node(spec: LLMDeploymentSpec, gpu: GpuSpec) -> int:
+    return min(spec.gpu.per_node, gpu.max_gpus_per_node)
+
+
 def build_serving_setup(inputs: PlanInputs, gpu: GpuSpec, tensor_parallel: int,
-                        pipeline_parallel: int = 1) -> ServingSetup:
+                        pipeline_parallel: int = 1, data_parallel: int = 1) -> ServingSetup:
     """The replica configuration the planner evaluates for `gpu` at `tensor_parallel` x `pipeline_parallel`
-    (and the operator and simulator reuse for the chosen candidate)."""
+    x `data_parallel` (and the operator and simulator reuse for the chosen candidate)."""
     spec = inputs.spec
     return ServingSetup(arch=inputs.arch, gpu=gpu, tensor_parallel=tensor_parallel, precision=_precision(inputs),
                         kv_cache_dtype=spec.model.kv_cache_dtype,
                         gpu_memory_utilization=spec.serving.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION,
-                        efficiency=inputs.efficiency, pipeline_parallel=pipeline_parallel)
+                        efficiency=inputs.efficiency, pipeline_parallel=pipeline_parallel,
+                        data_parallel=data_parallel, gpus_per_node=gpus_per_node(spec, gpu))
 
 
 def chosen_setup(inputs: PlanInputs, chosen: Candidate) -> ServingSetup:
     gpu = next(g for g in inputs.gpus if g.name == chosen.gpu_type)
-    return build_serving_setup(inputs, gpu, chosen.tensor_parallel, chosen.pipeline_parallel)
+    return build_serving_setup(inputs, gpu, chosen.tensor_parallel, chosen.pipeline_parallel, chosen.data_parallel)
 
 
-def replica_words(gpu: GpuSpec, tp: int, pp: int) -> str:
-    """How a replica is laid out: '2 x H100-SXM' or '2 nodes x 8 H100-SXM (TP8 PP2)'."""
-    layout = replica_layout(gpu.name, tp, pp)
+def _nodes(setup: ServingSetup) -> int:
+    """Nodes a replica fills: its PP stages, or the nodes its data-parallel engines fill."""
+    return setup.pipeline_parallel * max(1, math.ceil(setup.gpus / setup.pipeline_parallel / setup.gpus_per_node))
+
+
+def replica_words(setup: ServingSetup) -> str:
+    """How a replica is laid out: '2 x H100-SXM', '2 nodes x 8 H100-SXM (TP8 PP2)' or
+    '2 nodes x 8 H100-SXM (TP1 DP16 EP16)'."""
+    nodes = _nodes(setup)
+    layout = replica_layout(setup.gpu.name, setup.gpus // nodes, nodes)
+    tp, pp, dp = setup.tensor_parallel, setup.pipeline_parallel, setup.data_parallel
+    if dp > 1:
+        return f"{layout} (TP{tp} DP{dp} EP{tp * dp})"
     return layout if pp <= 1 else f"{layout} (TP{tp} PP{pp})"
 
 
@@ -118,12 +135,13 @@ class _Evaluation:
     best_ttft_ms: float
 
 
-def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0, pp: int = 1) -> Candidate:
+def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0, pp: int = 1, dp: int = 1) -> Candidate:
     return Candidate(
         gpu_type=gpu.name, tensor_parallel=tp, max_num_seqs=0, max_model_len=0, gpu_memory_utilization=0.0,
         kv_cache_tokens=0, weights_bytes_per_gpu=weights, usd_per_gpu_hour=gpu.usd_per_hour,
         goodput_requests_per_s=0.0, goodput_output_tokens_per_s=0.0, binding="", replicas=0, gpus=0,
         cost_per_hour=0.0, tokens_per_dollar=0.0, predicted=None, rejection=reason, pipeline_parallel=pp,
+        data_parallel=dp,
     )
 
 
@@ -164,26 +182,26 @@ def _replicas_for(spec: LLMDeploymentSpec, goodput_rps: float) -> int:
     return max(needed, spec.scaling.min_replicas)
 
 
-def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1) -> _Evaluation:
+def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 1) -> _Evaluation:
     spec = inputs.spec
     arch = inputs.arch
     quantile = spec.slo.percentile / 100.0
     shape = inputs.shape or planned_shape(spec)
-    setup = build_serving_setup(inputs, gpu, tp, pp)
+    setup = build_serving_setup(inputs, gpu, tp, pp, dp)
     utilization = setup.gpu_memory_utilization
-    where = replica_words(gpu, tp, pp)
-    per_replica = tp * pp
-    batches = max_num_seqs_options(setup.token_budget, spec.serving.max_num_seqs)
+    where = replica_words(setup)
+    per_replica = setup.gpus
+    batches = max_num_seqs_options(setup.engine_token_budget, spec.serving.max_num_seqs)
     if not batches:
-        return _Evaluation(None, _reject(gpu, tp, f"max-num-seqs above the token budget {setup.token_budget}", pp=pp),
-                           None, math.inf, math.inf)
+        return _Evaluation(None, _reject(gpu, tp, f"max-num-seqs above the token budget {setup.engine_token_budget}",
+                                         pp=pp, dp=dp), None, math.inf, math.inf)
     model = build_replica_model(setup)
     capacities = [compute_replica_kv_capacity(setup, b, shape.mean_context_tokens) for b in batches]
     if not spec.serving.max_num_seqs:
         # A cap above what the KV cache holds lets vLLM admit sequences it must preempt (and recompute)
         # when they grow together: under a burst of long prompts that is a collapse, not a slowdown.
         # Such caps are lowered to what the cache holds (sequences_the_cache_holds).
-        held = sorted({max(1, min(b, sequences_the_cache_holds(shape, c.tokens)))
+        held = sorted({max(1, min(b, sequences_the_cache_holds(shape, c.tokens) // dp))
                        for b, c in zip(batches, capacities, strict=True)})
         if held != batches:
             batches = held
@@ -197,17 +215,17 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1) -> _Evalua
             gpu, tp,
             f"does not fit on {where}: {weights / GIB:.1f} GiB of weights per GPU leave no room "
             f"for the KV cache of one {int(shape.input_tokens + shape.output_tokens)}-token request "
-            f"({usable_gib:.1f} GiB usable per GPU at gpu-memory-utilization {utilization})", weights, pp),
+            f"({usable_gib:.1f} GiB usable per GPU at gpu-memory-utilization {utilization})", weights, pp, dp),
             None, math.inf, math.inf)
     if spec.workload.max_context_tokens and fits_len[0] < spec.workload.max_context_tokens:
         return _Evaluation(None, _reject(
             gpu, tp,
             f"maxContextTokens {spec.workload.max_context_tokens} does not fit on {where}: at most "
-            f"{fits_len[0]} tokens of KV cache remain after {weights / GIB:.1f} GiB of weights per GPU", weights, pp),
-            None, math.inf, math.inf)
+            f"{fits_len[0]} tokens of KV cache remain after {weights / GIB:.1f} GiB of weights per GPU", weights, pp,
+            dp), None, math.inf, math.inf)
 
     kv_tokens = np.array([c.tokens for c in capacities], dtype=np.float64)
-    slots = concurrency_limit(shape, np.array(batches, dtype=np.float64), kv_tokens)
+    slots = concurrency_limit(shape, np.array(batches, dtype=np.float64) * dp, kv_tokens)
     goodput = estimate_goodput(model, shape, slots, ms_to_s(spec.slo.ttft_ms), ms_to_s(spec.slo.tpot_ms), quantile)
     trickle = estimate_at_rate(model, shape, np.full(len(batches), 1e-6), slots, quantile)
     best_tpot_ms = s_to_ms(float(np.min(trickle.tpot_quantile_s)))
@@ -216,12 +234,12 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1) -> _Evalua
     # Largest goodput wins; on ties the smaller batch cap (less memory pressure, lower tail latency).
     order = sorted(range(len(batches)), key=lambda i: (-round(float(goodput.request_rate[i]), 9), batches[i]))
     i = order[0]
-    curve = _curve(model, shape, gpu, tp, int(np.max(slots)), pp)
+    curve = _curve(model, shape, setup, int(np.max(slots)))
     rate = float(goodput.request_rate[i])
     if rate <= 0.0:
         reason = (f"SLO unreachable on {where}: best p{spec.slo.percentile:g} TPOT "
                   f"{best_tpot_ms:.1f} ms and TTFT {best_ttft_ms:.0f} ms at a trickle of load")
-        return _Evaluation(None, _reject(gpu, tp, reason, weights, pp), curve, best_tpot_ms, best_ttft_ms)
+        return _Evaluation(None, _reject(gpu, tp, reason, weights, pp, dp), curve, best_tpot_ms, best_ttft_ms)
 
     binding = str(goodput.binding[i])
     if binding == "capacity":
@@ -259,41 +277,46 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1) -> _Evalua
         tokens_per_dollar=goodput_tokens * S_PER_HOUR / (per_replica * gpu.usd_per_hour),
         predicted=predicted,
         pipeline_parallel=pp,
-        inter_node_gbit_per_s=gpu.inter_node_gbit_per_s if pp > 1 else 0.0,
+        inter_node_gbit_per_s=gpu.inter_node_gbit_per_s if _nodes(setup) > 1 else 0.0,
+        data_parallel=dp,
+        data_parallel_nodes=_nodes(setup) // pp,
     )
     return _Evaluation(best, None, curve, best_tpot_ms, best_ttft_ms)
 
 
 def _evaluate_layouts(inputs: PlanInputs, gpu: GpuSpec, layouts: Sequence[tuple[int, int]],
-                      pinned: bool) -> list[_Evaluation]:
+                      pinned: bool, data_parallel: Sequence[tuple[int, int]] = ()) -> list[_Evaluation]:
     """Single-node layouts first, then more nodes per replica only while they can pay: pipeline
     parallel adds memory, not speed per token (or per GPU), so a replica spans one node more only
-    when the best layout so far does not fit or is held back by its KV cache (binding: memory)."""
+    when the best layout so far does not fit or is held back by its KV cache (binding: memory).
+    Data-parallel engines (MoE) change the speed per GPU (experts read once for D engines' tokens), so
+    each (TP, DP) layout is evaluated and competes on cost."""
     done = [_evaluate(inputs, gpu, tp, pp) for tp, pp in layouts if pp == 1]
+    done += [_evaluate(inputs, gpu, tp, 1, dp) for tp, dp in data_parallel]
     for tp, pp in (layout for layout in layouts if layout[1] > 1):
-        feasible = sorted((e.best for e in done if e.best is not None), key=_rank_key)
+        feasible = sorted((e.best for e in done if e.best is not None and not e.best.multi_node), key=_rank_key)
         if pinned or not feasible or feasible[0].binding == "memory":
             done.append(_evaluate(inputs, gpu, tp, pp))
     return done
 
 
-def _curve(model: ReplicaModel, shape: RequestShape, gpu: GpuSpec, tp: int, max_slots: int,
-           pp: int = 1) -> CandidateCurve:
+def _curve(model: ReplicaModel, shape: RequestShape, setup: ServingSetup, max_slots: int) -> CandidateCurve:
     concurrency = tuple(c for c in _CURVE_CONCURRENCY if c <= max(max_slots, 1))
     est = estimate_at_concurrency(model, shape, np.array(concurrency, dtype=np.float64))
     return CandidateCurve(
-        gpu_type=gpu.name,
-        tensor_parallel=tp,
+        gpu_type=setup.gpu.name,
+        tensor_parallel=setup.tensor_parallel,
         concurrency=concurrency,
         tpot_ms=tuple(float(v) * 1e3 for v in est.tpot_mean_s),
-        output_tokens_per_s_per_gpu=tuple(float(v) for v in est.output_tokens_per_s / (tp * pp)),
-        pipeline_parallel=pp,
+        output_tokens_per_s_per_gpu=tuple(float(v) for v in est.output_tokens_per_s / setup.gpus),
+        pipeline_parallel=setup.pipeline_parallel,
+        data_parallel=setup.data_parallel,
     )
 
 
 def _rank_key(candidate: Candidate) -> tuple[float, int, float, int]:
     """Cheapest first; at equal cost fewer nodes per replica (no inter-node hops to depend on)."""
-    return (candidate.cost_per_hour, candidate.pipeline_parallel, -candidate.tokens_per_dollar, candidate.gpus)
+    return (candidate.cost_per_hour, candidate.nodes_per_replica, -candidate.tokens_per_dollar, candidate.gpus)
 
 
 def plan_deployment(inputs: PlanInputs) -> Plan:
@@ -304,13 +327,26 @@ def plan_deployment(inputs: PlanInputs) -> Plan:
     evaluations: list[_Evaluation] = []
     pinned_tp = spec.serving.tensor_parallel
     pinned_pp = spec.serving.pipeline_parallel
+    pinned_dp = spec.serving.data_parallel
     for gpu in inputs.gpus:
-        per_node = min(spec.gpu.per_node, gpu.max_gpus_per_node)
-        layouts = parallel_layouts(inputs.arch, per_node, pinned_tp, pinned_pp)
-        if not layouts:
+        per_node = gpus_per_node(spec, gpu)
+        # Data-parallel engines beside pipeline stages are not planned; kvscale launches DP + EP with vLLM.
+        pinned_data_parallel = pinned_dp is not None and pinned_dp > 1
+        layouts = [] if pinned_data_parallel else parallel_layouts(inputs.arch, per_node, pinned_tp, pinned_pp)
+        engines = ([] if pinned_pp not in (None, 1) or spec.serving.engine != Engine.VLLM
+                   else data_parallel_layouts(inputs.arch, per_node, pinned_tp, pinned_dp))
+        if not layouts and not engines:
             if pinned_tp and pinned_tp > per_node:
                 reason = (f"tensorParallel {pinned_tp} exceeds {per_node} GPUs per node (a replica larger than "
                           f"a node uses pipeline parallel across nodes: leave tensorParallel unpinned)")
+            elif pinned_data_parallel and not inputs.arch.is_moe:
+                reason = (f"dataParallel {pinned_dp}: kvscale plans data-parallel engines (with expert parallel) "
+                          f"for MoE models only, and {inputs.arch.name} is dense: leave dataParallel unpinned")
+            elif pinned_data_parallel and spec.serving.engine != Engine.VLLM:
+                reason = f"dataParallel {pinned_dp}: kvscale launches data-parallel engines with vLLM only"
+            elif pinned_data_parallel:
+                reason = (f"dataParallel {pinned_dp} x TP does not fill one node of {per_node} GPUs or up to "
+                          f"4 whole nodes")
             elif pinned_pp and pinned_pp > inputs.arch.num_layers:
                 reason = f"pipelineParallel {pinned_pp} exceeds the model's {inputs.arch.num_layers} layers"
             else:
@@ -319,7 +355,7 @@ def plan_deployment(inputs: PlanInputs) -> Plan:
             evaluations.append(_Evaluation(None, _reject(gpu, pinned_tp or 0, reason, pp=pinned_pp or 1), None,
                                            math.inf, math.inf))
             continue
-        evaluations.extend(_evaluate_layouts(inputs, gpu, layouts, pinned_pp is not None))
+        evaluations.extend(_evaluate_layouts(inputs, gpu, layouts, pinned_pp is not None, engines))
 
     feasible = sorted((e.best for e in evaluations if e.best is not None), key=_rank_key)
     within_bounds = [c for c in feasible if c.replicas <= spec.scaling.max_replicas]

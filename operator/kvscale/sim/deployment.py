@@ -13,7 +13,7 @@ from kvscale.api.spec import LLMDeploymentSpec
 from kvscale.errors import InvalidSpecError
 from kvscale.perfmodel import DEFAULT_EFFICIENCY, EfficiencyFactors, ServingSetup
 from kvscale.perfmodel.replica import compute_replica_kv_capacity
-from kvscale.planner import Candidate, Plan, plan_deployment
+from kvscale.planner import Candidate, Plan, chosen_setup, plan_deployment
 from kvscale.planner.search import PlanInputs
 
 # The simulated servers: 20% slower at memory-bound (decode) work, 15% slower at compute-bound
@@ -39,12 +39,13 @@ class SimulatedDeployment:
 
     @property
     def gpus_per_replica(self) -> int:
-        """TP x PP: a replica over several nodes holds all their GPUs."""
+        """TP x PP x DP: a replica over several nodes holds all their GPUs."""
         return self.setup.gpus
 
     @property
     def max_num_seqs(self) -> int:
-        return self.chosen.max_num_seqs
+        """Sequences a replica runs at once (every data-parallel engine's max-num-seqs)."""
+        return self.chosen.replica_max_num_seqs
 
     @property
     def max_model_len(self) -> int:
@@ -53,7 +54,7 @@ class SimulatedDeployment:
     @property
     def label(self) -> str:
         return (f"{self.plan.model} on {self.gpus_per_replica} x {self.setup.gpu.name} ({self.chosen.parallelism}, "
-                f"max-num-seqs {self.max_num_seqs}, max-model-len {self.max_model_len})")
+                f"max-num-seqs {self.chosen.max_num_seqs}, max-model-len {self.max_model_len})")
 
 
 def build_simulated_deployment(inputs: PlanInputs,
@@ -65,11 +66,7 @@ def build_simulated_deployment(inputs: PlanInputs,
         raise InvalidSpecError(f"nothing to simulate: the plan is infeasible: {plan.explanation}")
     gpu = next(g for g in inputs.gpus if g.name == chosen.gpu_type)
     spec = inputs.spec
-    setup = ServingSetup(arch=inputs.arch, gpu=gpu, tensor_parallel=chosen.tensor_parallel,
-                         pipeline_parallel=chosen.pipeline_parallel,
-                         precision=spec.model.precision or inputs.arch.native_precision,
-                         kv_cache_dtype=spec.model.kv_cache_dtype,
-                         gpu_memory_utilization=chosen.gpu_memory_utilization, efficiency=inputs.efficiency)
+    setup = replace(chosen_setup(inputs, chosen), gpu_memory_utilization=chosen.gpu_memory_utilization)
     server_setup = replace(setup, efficiency=server_efficiency)
     kv_tokens = compute_replica_kv_capacity(server_setup, chosen.max_num_seqs).tokens
     return SimulatedDeployment(spec=spec, plan=plan, chosen=chosen, setup=setup, server_setup=server_setup,

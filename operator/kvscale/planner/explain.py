@@ -94,7 +94,7 @@ def _why_nodes(chosen: Candidate, runners_up: Sequence[Candidate], rejected: Seq
                 return "Spanning nodes wins on cost over the best single-node plan (the next best)."
             return (f"Spanning nodes wins on cost: the best single-node plan, {best.replicas} x {best.layout} "
                     f"({best.parallelism}), costs {_money(best.cost_per_hour)}.")
-        reasons = [c.rejection for c in rejected if c.nodes_per_replica == 1]
+        reasons = [c.rejection for c in rejected if c.nodes_per_replica == 1 and c.data_parallel == 1]
         why = (f"because no single node serves the model: {reasons[-1]}" if reasons
                else "as spec.serving.pipelineParallel pins it")
         return (f"A replica spans {chosen.pipeline_parallel} nodes {why}. "

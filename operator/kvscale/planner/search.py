@@ -135,13 +135,14 @@ class _Evaluation:
     best_ttft_ms: float
 
 
-def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0, pp: int = 1, dp: int = 1) -> Candidate:
+def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0, pp: int = 1, dp: int = 1,
+            dp_nodes: int = 1) -> Candidate:
     return Candidate(
         gpu_type=gpu.name, tensor_parallel=tp, max_num_seqs=0, max_model_len=0, gpu_memory_utilization=0.0,
         kv_cache_tokens=0, weights_bytes_per_gpu=weights, usd_per_gpu_hour=gpu.usd_per_hour,
         goodput_requests_per_s=0.0, goodput_output_tokens_per_s=0.0, binding="", replicas=0, gpus=0,
         cost_per_hour=0.0, tokens_per_dollar=0.0, predicted=None, rejection=reason, pipeline_parallel=pp,
-        data_parallel=dp,
+        data_parallel=dp, data_parallel_nodes=dp_nodes,
     )
 
 
@@ -191,10 +192,11 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 
     utilization = setup.gpu_memory_utilization
     where = replica_words(setup)
     per_replica = setup.gpus
+    dp_nodes = _nodes(setup) // pp
     batches = max_num_seqs_options(setup.engine_token_budget, spec.serving.max_num_seqs)
     if not batches:
         return _Evaluation(None, _reject(gpu, tp, f"max-num-seqs above the token budget {setup.engine_token_budget}",
-                                         pp=pp, dp=dp), None, math.inf, math.inf)
+                                         pp=pp, dp=dp, dp_nodes=dp_nodes), None, math.inf, math.inf)
     model = build_replica_model(setup)
     capacities = [compute_replica_kv_capacity(setup, b, shape.mean_context_tokens) for b in batches]
     if not spec.serving.max_num_seqs:
@@ -215,14 +217,14 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 
             gpu, tp,
             f"does not fit on {where}: {weights / GIB:.1f} GiB of weights per GPU leave no room "
             f"for the KV cache of one {int(shape.input_tokens + shape.output_tokens)}-token request "
-            f"({usable_gib:.1f} GiB usable per GPU at gpu-memory-utilization {utilization})", weights, pp, dp),
-            None, math.inf, math.inf)
+            f"({usable_gib:.1f} GiB usable per GPU at gpu-memory-utilization {utilization})", weights, pp, dp,
+            dp_nodes), None, math.inf, math.inf)
     if spec.workload.max_context_tokens and fits_len[0] < spec.workload.max_context_tokens:
         return _Evaluation(None, _reject(
             gpu, tp,
             f"maxContextTokens {spec.workload.max_context_tokens} does not fit on {where}: at most "
             f"{fits_len[0]} tokens of KV cache remain after {weights / GIB:.1f} GiB of weights per GPU", weights, pp,
-            dp), None, math.inf, math.inf)
+            dp, dp_nodes), None, math.inf, math.inf)
 
     kv_tokens = np.array([c.tokens for c in capacities], dtype=np.float64)
     slots = concurrency_limit(shape, np.array(batches, dtype=np.float64) * dp, kv_tokens)
@@ -239,7 +241,7 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 
     if rate <= 0.0:
         reason = (f"SLO unreachable on {where}: best p{spec.slo.percentile:g} TPOT "
                   f"{best_tpot_ms:.1f} ms and TTFT {best_ttft_ms:.0f} ms at a trickle of load")
-        return _Evaluation(None, _reject(gpu, tp, reason, weights, pp, dp), curve, best_tpot_ms, best_ttft_ms)
+        return _Evaluation(None, _reject(gpu, tp, reason, weights, pp, dp, dp_nodes), curve, best_tpot_ms, best_ttft_ms)
 
     binding = str(goodput.binding[i])
     if binding == "capacity":
@@ -279,7 +281,7 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 
         pipeline_parallel=pp,
         inter_node_gbit_per_s=gpu.inter_node_gbit_per_s if _nodes(setup) > 1 else 0.0,
         data_parallel=dp,
-        data_parallel_nodes=_nodes(setup) // pp,
+        data_parallel_nodes=dp_nodes,
     )
     return _Evaluation(best, None, curve, best_tpot_ms, best_ttft_ms)
 

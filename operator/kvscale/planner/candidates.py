@@ -55,14 +55,15 @@ def parallel_layouts(arch: ModelArchitecture, gpus_per_node: int, pinned_tp: int
 def data_parallel_layouts(arch: ModelArchitecture, gpus_per_node: int, pinned_tp: int | None,
                           pinned_dp: int | None) -> list[tuple[int, int]]:
     """(TP, DP) pairs for data-parallel attention with expert parallelism (MoE models only): D engines of
-    TP GPUs each, either within one node or filling 2-4 whole nodes (vLLM places DP ranks node by node)."""
+    TP GPUs each filling one whole node or 2-4 whole nodes (vLLM places DP ranks node by node). A pinned
+    DP may also fill part of a node."""
     if not arch.is_moe or pinned_dp == 1:
         return []
     layouts = []
     for tp in tensor_parallel_options(arch, gpus_per_node, pinned_tp):
         for dp in (pinned_dp,) if pinned_dp else DATA_PARALLEL_DEGREES:
             gpus = tp * dp
-            within = gpus <= gpus_per_node
+            within = gpus == gpus_per_node or (pinned_dp is not None and gpus < gpus_per_node)
             whole_nodes = gpus % gpus_per_node == 0 and gpus // gpus_per_node <= MAX_DATA_PARALLEL_NODES
             if within or whole_nodes:
                 layouts.append((tp, dp))

@@ -292,13 +292,17 @@ def _evaluate_layouts(inputs: PlanInputs, gpu: GpuSpec, layouts: Sequence[tuple[
     parallel adds memory, not speed per token (or per GPU), so a replica spans one node more only
     when the best layout so far does not fit or is held back by its KV cache (binding: memory).
     Data-parallel engines (MoE) change the speed per GPU (experts read once for D engines' tokens), so
-    each (TP, DP) layout is evaluated and competes on cost."""
+    each (TP, DP) layout filling one node competes on cost; over several nodes they pass the same gate
+    (their all-to-alls cross the network in every MoE layer, so where one node serves they cost more)."""
+    per_node = gpus_per_node(inputs.spec, gpu)
     done = [_evaluate(inputs, gpu, tp, pp) for tp, pp in layouts if pp == 1]
-    done += [_evaluate(inputs, gpu, tp, 1, dp) for tp, dp in data_parallel]
-    for tp, pp in (layout for layout in layouts if layout[1] > 1):
+    done += [_evaluate(inputs, gpu, tp, 1, dp) for tp, dp in data_parallel if tp * dp <= per_node]
+    spanning = [(tp, pp, 1) for tp, pp in layouts if pp > 1]
+    spanning += [(tp, 1, dp) for tp, dp in data_parallel if tp * dp > per_node]
+    for tp, pp, dp in spanning:
         feasible = sorted((e.best for e in done if e.best is not None and not e.best.multi_node), key=_rank_key)
         if pinned or not feasible or feasible[0].binding == "memory":
-            done.append(_evaluate(inputs, gpu, tp, pp))
+            done.append(_evaluate(inputs, gpu, tp, pp, dp))
     return done
 
 
@@ -357,7 +361,8 @@ def plan_deployment(inputs: PlanInputs) -> Plan:
             evaluations.append(_Evaluation(None, _reject(gpu, pinned_tp or 0, reason, pp=pinned_pp or 1), None,
                                            math.inf, math.inf))
             continue
-        evaluations.extend(_evaluate_layouts(inputs, gpu, layouts, pinned_pp is not None, engines))
+        pinned_nodes = pinned_pp is not None or pinned_data_parallel
+        evaluations.extend(_evaluate_layouts(inputs, gpu, layouts, pinned_nodes, engines))
 
     feasible = sorted((e.best for e in evaluations if e.best is not None), key=_rank_key)
     within_bounds = [c for c in feasible if c.replicas <= spec.scaling.max_replicas]

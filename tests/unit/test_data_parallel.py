@@ -18,7 +18,7 @@ from kvscale.perfmodel.communication import estimate_all_to_all_s
 from kvscale.perfmodel.efficiency import DEFAULT_EFFICIENCY
 from kvscale.perfmodel.memory import compute_weight_bytes, weights_bytes_per_gpu
 from kvscale.perfmodel.replica import ServingSetup, build_replica_model, compute_replica_kv_capacity
-from kvscale.planner import build_plan_inputs, plan_deployment
+from kvscale.planner import build_plan_inputs, chosen_setup, plan_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "deepseek-r1-h100-expert-parallel.yaml"
@@ -74,12 +74,13 @@ def test_engines_share_the_expert_reads_and_the_busiest_paces_the_step() -> None
 
 
 def test_the_planner_picks_expert_parallel_engines_where_they_are_cheapest() -> None:
-    plan = plan_deployment(build_plan_inputs(_spec()))
+    inputs = build_plan_inputs(_spec())
+    plan = plan_deployment(inputs)
     chosen = plan.chosen
     assert chosen is not None
     assert (chosen.tensor_parallel, chosen.pipeline_parallel, chosen.data_parallel) == (8, 1, 4)
     assert chosen.nodes_per_replica == 4 and chosen.gpus_per_pod == 8 and chosen.gpus_per_replica == 32
-    assert chosen.replica_max_num_seqs == 4 * chosen.max_num_seqs
+    assert chosen_setup(inputs, chosen).replica_max_num_seqs(chosen.max_num_seqs) == 4 * chosen.max_num_seqs
     assert "data-parallel engines" in plan.explanation and "win on cost" in plan.explanation
     # it competed: the pipeline-parallel layouts were priced too, and cost more
     pipelined = [c for c in plan.alternatives if c.pipeline_parallel > 1]

@@ -187,7 +187,7 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
     problem = scaling.metrics_problem or check_observation(observation, scaling.now_s, METRICS_MAX_AGE_S)
     calibration = previous_calibration(previous)
     startup = startup_status(previous.startup if previous is not None else None, startups)
-    context = ReplicaContext(spec=spec, setup=setup, max_num_seqs=chosen.replica_max_num_seqs,
+    context = ReplicaContext(spec=spec, setup=setup, max_num_seqs=setup.replica_max_num_seqs(chosen.max_num_seqs),
                              kv_cache_tokens=chosen.kv_cache_tokens, current_replicas=current_replicas,
                              ready_replicas=ready_replicas, free_replica_slots=free_replica_slots,
                              calibration=calibration,

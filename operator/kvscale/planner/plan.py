@@ -39,7 +39,7 @@ class Candidate:
     """One evaluated configuration (a GPU type, TP, PP and DP degrees and max-num-seqs).
 
     `max_num_seqs` is the engine flag: with data-parallel engines each has its own (the replica runs
-    `replica_max_num_seqs`); `kv_cache_tokens` is what the whole replica caches."""
+    `ServingSetup.replica_max_num_seqs` of it); `kv_cache_tokens` is what the whole replica caches."""
 
     gpu_type: str
     tensor_parallel: int
@@ -85,11 +85,6 @@ class Candidate:
     @property
     def multi_node(self) -> bool:
         return self.nodes_per_replica > 1
-
-    @property
-    def replica_max_num_seqs(self) -> int:
-        """Sequences the replica runs at once (every data-parallel engine's max-num-seqs)."""
-        return self.max_num_seqs * self.data_parallel
 
     @property
     def parallelism(self) -> str:

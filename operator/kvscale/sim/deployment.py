@@ -45,7 +45,7 @@ class SimulatedDeployment:
     @property
     def max_num_seqs(self) -> int:
         """Sequences a replica runs at once (every data-parallel engine's max-num-seqs)."""
-        return self.chosen.replica_max_num_seqs
+        return self.setup.replica_max_num_seqs(self.chosen.max_num_seqs)
 
     @property
     def max_model_len(self) -> int:

@@ -13,6 +13,7 @@ seen it), so the printed cross-validated errors are out of sample.
 
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 from dataclasses import replace
@@ -59,8 +60,16 @@ def fit(measurements: list[dict[str, Any]], start: EfficiencyFactors = PRIOR, ro
     return best
 
 
+# One publisher's figures are held out together: a repository's files (a sweep saved as one JSON per
+# rate, a docs page at several versions) or a CI pipeline's builds share their setup, and holding
+# out one file of them would let its siblings teach the fit what the held-out one shows.
+_GROUPED_SOURCE = re.compile(r"https://(?:github\.com|buildkite\.com)/[^/]+/[^/#]+")
+
+
 def source_of(m: dict[str, Any]) -> str:
-    return str(m["source"]).split("#")[0]
+    url = str(m["source"]).split("#")[0]
+    grouped = _GROUPED_SOURCE.match(url)
+    return grouped.group(0) if grouped else url
 
 
 def _print_medians(title: str, comparisons: list[Comparison]) -> None:

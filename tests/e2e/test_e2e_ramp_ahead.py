@@ -2,8 +2,8 @@
 
 The serving pods take 60 s to become Ready (the bed's slow kwok stage, KVSCALE_BED_STARTUP_DELAY). The load
 ramps linearly from 1 to 8 req/s over five minutes (the conversation trace's lengths, Poisson arrivals) and
-then holds for one. The resource pins the Holt-Winters forecaster, whose trend sees a ramp (Auto would still
-be on last-value: it switches only after 15 scored minutes). Half-way up the ramp the operator is stopped
+then holds for 20 s. The resource pins the Holt-Winters forecaster, whose trend sees a ramp (Auto would still
+be on last-value: it switches only after 15 scored minutes). Half-way up the ramp (150 s) the operator is stopped
 and a new one started; it has no memory of its own and must seed its forecasts from Prometheus's history.
 
 Asserted: the restarted operator's forecasts start from the minutes Prometheus kept, not from nothing; it
@@ -29,7 +29,12 @@ from operator_harness import apply, load_document, running_operator
 
 DELAY_S = 60
 START_RPS, PEAK_RPS = 1.0, 8.0
-RAMP_S, HOLD_S = 300.0, 60.0
+# 20 s at the peak, not a minute: nothing is asserted after the peak but that no request fails, and CI's
+# hour is tight. The ramp keeps its five minutes: on four, the fleet reached what the peak needs before the
+# restart (Prometheus holds two closed minutes of the ramp only from about 150 s), so the restarted operator
+# had nothing left to add.
+RAMP_S, HOLD_S = 300.0, 20.0
+RESTART_S = 150.0
 
 
 @pytest.fixture
@@ -79,7 +84,7 @@ def test_replicas_are_ready_before_the_ramp_peaks_across_an_operator_restart(pod
             pods.sims.wait_for(name, initial, timeout=30, namespace=pods.namespace)
             load.start()
             started = rec.now()
-            wait_until(lambda: load.elapsed() >= RAMP_S / 2, RAMP_S, "half-way up the ramp", interval=1.0)
+            wait_until(lambda: load.elapsed() >= RESTART_S, RAMP_S, "the restart's moment on the ramp", interval=1.0)
         restarted = rec.now()
         at_restart = deployment_replicas(pods.kube, pods.namespace, name)[0]
         # the first operator is gone: nothing of its forecasts survives but what Prometheus scraped
@@ -100,6 +105,6 @@ def test_replicas_are_ready_before_the_ramp_peaks_across_an_operator_restart(pod
     assert later and max(later) > at_restart, f"the restarted operator did not carry on scaling up: {timeline}"
     failed = [r.error for r in report.results if not r.ok]
     assert not failed, f"{len(failed)} of {len(report.results)} requests failed: {failed[:3]}"
-    needed = sorted(s.replicas for s in rec.between(peak + HOLD_S - 30, peak + HOLD_S))
-    print(f"ramp-ahead: {ready_at_peak} replicas Ready at the peak; the hold's last 30 s ran "
+    needed = sorted(s.replicas for s in rec.between(peak, peak + HOLD_S))
+    print(f"ramp-ahead: {ready_at_peak} replicas Ready at the peak; the hold ran "
           f"{needed[len(needed) // 2] if needed else '?'} (median); timeline (s, replicas, ready): {timeline[::10]}")

@@ -36,3 +36,19 @@ def test_no_headline_median_error_rose_beyond_the_committed_figure() -> None:
     assert set(now) == set(figures), "docs/accuracy.md guards other figures than accuracy.py reports"
     worse = {key: (figures[key], round(now[key], 2)) for key in now if now[key] > figures[key] + ALLOWED_RISE_POINTS}
     assert not worse, f"median % error rose (committed, now): {worse}"
+
+
+def test_leave_one_source_out_holds_out_a_publishers_files_together() -> None:
+    """A sweep saved as one file per rate, or a CI pipeline's builds, is one source: holding out one file
+    while its siblings stay in the fit would leak what the held-out figures show."""
+    fit = load_benchmark("fit_efficiency")
+    sweep = "https://github.com/DO-Solutions/gtc-2026-doks/blob/c70feba/dev/vllm/benchmarks/phase0/run/rate-{}.json"
+    assert fit.source_of({"source": sweep.format("0.5")}) == fit.source_of({"source": sweep.format("3.0")})
+    builds = "https://buildkite.com/vllm/performance-benchmark/builds/{}#annotation"
+    assert fit.source_of({"source": builds.format(9513)}) == fit.source_of({"source": builds.format(9555)})
+    assert (fit.source_of({"source": "https://github.com/NVIDIA/TensorRT-LLM/blob/a/docs/perf.md"})
+            != fit.source_of({"source": "https://github.com/ai-dynamo/aiconfigurator/blob/a/silicon.csv"}))
+    page = "https://blog.vllm.ai/2024/07/23/llama31.html"
+    assert fit.source_of({"source": page + "#results"}) == page
+    sources = {fit.source_of(m) for m in fit.load_measurements()}
+    assert len(sources) < len({str(m["source"]).split("#")[0] for m in fit.load_measurements()})

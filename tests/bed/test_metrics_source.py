@@ -25,14 +25,17 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     for sim in (*chat, code):
         prometheus.wait_for_target_up(sim.host_port, timeout=30)
         # The simulator creates its counter series on the first request (vLLM pre-creates them):
-        # one warm-up request, scraped, so that rate() sees the increase of the requests below.
-        sim.completion(max_tokens=4)
+        # one warm-up request, scraped, so that rate() sees the increase of the requests below. Every
+        # request ignores EOS, so all finish by "length": request_success_total has a series per finish
+        # reason, and with random lengths the requests could finish by "stop", a series first scraped
+        # after them, which shows no increase (CI failed on it: a request rate of 0 for 90 s).
+        sim.completion(max_tokens=4, ignore_eos=True)
     prometheus.wait_for_query('count(vllm:request_success_total{namespace="metrics-test"})',
                               lambda rows: rows and float(rows[0]["value"][1]) >= 3, timeout=30)
     for _ in range(6):
         for sim in chat:
-            sim.completion(max_tokens=12)
-    code.completion(max_tokens=12)
+            sim.completion(max_tokens=12, ignore_eos=True)
+    code.completion(max_tokens=12, ignore_eos=True)
     # Every request has returned; wait for a scrape of every replica after that, or an earlier
     # scrape taken mid-request would still read as a running request.
     idle_since_s = time.time()

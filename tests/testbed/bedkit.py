@@ -199,9 +199,13 @@ class InferenceSim:
     def url(self) -> str:
         return f"http://{self.host_port}"
 
-    def completion(self, prompt: str = "Hello from kvscale", max_tokens: int = 8) -> Any:
-        """One real /v1/completions request; returns the decoded JSON response."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens}
+    def completion(self, prompt: str = "Hello from kvscale", max_tokens: int = 8, ignore_eos: bool = False) -> Any:
+        """One real /v1/completions request; returns the decoded JSON response. The simulator draws the
+        output length at random up to `max_tokens` (finish reason "stop", or "length" at the bound);
+        `ignore_eos` makes it exactly `max_tokens`, finishing by "length", as vLLM does."""
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens}
+        if ignore_eos:
+            body["ignore_eos"] = True
         return http_json(f"{self.url}/v1/completions", body, timeout=30)
 
     def metrics_text(self) -> str:

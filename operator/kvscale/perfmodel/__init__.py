@@ -9,7 +9,7 @@ from kvscale.perfmodel.memory import (
     weights_bytes_per_gpu,
 )
 from kvscale.perfmodel.prediction import Load, LoadKind, PointPrediction, fixed_batch_latency_s, predict_point
-from kvscale.perfmodel.replica import ReplicaModel, ServingSetup, build_replica_model
+from kvscale.perfmodel.replica import PassTerms, ReplicaModel, ServingSetup, build_replica_model
 from kvscale.perfmodel.serving import (
     Goodput,
     LoadEstimate,
@@ -29,6 +29,7 @@ __all__ = [
     "LoadEstimate",
     "LoadKind",
     "ObservedLoadEstimate",
+    "PassTerms",
     "PointPrediction",
     "ReplicaModel",
     "RequestShape",

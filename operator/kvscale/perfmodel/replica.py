@@ -116,6 +116,21 @@ class ServingSetup:
 
 
 @dataclass(frozen=True)
+class PassTerms:
+    """One pass's time by kernel family, seconds (arrays broadcast like the step's arguments)."""
+
+    linear_s: Array  # projections, MLP or experts and LM head: weights streamed or tensor-bound
+    decode_attention_s: Array  # decodes reading their KV cache
+    prefill_attention_s: Array  # prompt chunks attending over themselves and their prefix
+    allreduce_s: Array  # tensor-parallel all-reduces
+
+    @property
+    def total_s(self) -> Array:
+        total: Array = self.linear_s + self.decode_attention_s + self.prefill_attention_s + self.allreduce_s
+        return total
+
+
+@dataclass(frozen=True)
 class ReplicaModel:
     """Precomputed per-rank constants of a ServingSetup and the step-time roofline over them."""
 
@@ -213,9 +228,18 @@ class ReplicaModel:
                 expert_tokens: ArrayLike | None = None) -> Array:
         """One batch through every layer on TP ranks, without the per-step overhead. `expert_tokens`: the
         tokens every engine routes to the experts (data parallel; default: this batch's)."""
+        return self.pass_terms(decode, context_tokens, prefill_tokens, prefill_attention_pairs, prefill_seqs,
+                               expert_tokens).total_s
+
+    def pass_terms(self, decode_seqs: ArrayLike, context_tokens: ArrayLike, prefill_tokens: ArrayLike = 0.0,
+                   prefill_attention_pairs: ArrayLike = 0.0, prefill_seqs: ArrayLike = 0.0,
+                   expert_tokens: ArrayLike | None = None) -> PassTerms:
+        """The kernel families of one pass through every layer on TP ranks, each its own roofline (the
+        per-step overhead, pipeline and data-parallel terms left out): what a measured kernel is set against."""
         eff = self.setup.efficiency
         gpu = self.setup.gpu
         arch = self.arch
+        decode = np.asarray(decode_seqs, dtype=np.float64)
         prefill = np.asarray(prefill_tokens, dtype=np.float64)
         tokens = decode + prefill
         routed = tokens if expert_tokens is None else np.asarray(expert_tokens, dtype=np.float64)
@@ -243,8 +267,8 @@ class ReplicaModel:
         comm_s = arch.num_layers * ALLREDUCES_PER_LAYER * estimate_allreduce_s(
             gpu, self.setup.tensor_parallel, message, eff)
         comm_s = np.where(tokens > 0, comm_s, 0.0)
-        passing: Array = linear_s + decode_attention_s + prefill_attention_s + comm_s
-        return passing
+        return PassTerms(linear_s=linear_s, decode_attention_s=decode_attention_s,
+                         prefill_attention_s=prefill_attention_s, allreduce_s=comm_s)
 
     def decode_step_s(self, batch: ArrayLike, context_tokens: ArrayLike) -> Array:
         return self.step_s(batch, context_tokens)

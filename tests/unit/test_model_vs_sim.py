@@ -5,7 +5,7 @@ The simulator steps a continuous-batching engine request by request, four seeded
 (one run's p99 moves 5-8% between seeds); the model is closed-form. Over the packaged Azure traces, a
 long-prompt trace and a shared-prefix trace, at half and nine tenths of the planned goodput, every SLO
 percentile agrees within 20%, and the median error of each of TTFT and TPOT is at most 12% (measured
-at these 16 figures, 2026-11-26: 12 within 10%, medians 6% (TTFT) and 9% (TPOT), largest 17%). Issue 13
+at these 16 figures, 2026-11-26: see docs/accuracy.md for the full table). Issue 13
 asks for 10% everywhere; the gaps are stated in docs/accuracy.md.
 """
 

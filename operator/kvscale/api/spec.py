@@ -219,8 +219,9 @@ class WorkloadSection(ApiModel):
         Field(
             max_length=16,
             description="Known percentiles of the output lengths, tokens, keyed like inputTokensPercentiles. "
-            "Short outputs set the TPOT percentile (a prompt chunk divided by few tokens); without it "
-            "outputs are taken as geometric around outputTokens.",
+            "Short outputs set the TPOT percentile (a prompt chunk divided by few tokens), so state the low "
+            "ones too (p1): below the lowest stated percentile the mix is extended along its first segment. "
+            "Without it outputs are taken as geometric around outputTokens.",
         ),
     ] = None
 

@@ -36,8 +36,9 @@ crds: venv
 	$(PY) -m kvscale.api.crd --out crds/
 	cp crds/llmdeployments.kvscale.dev.yaml helm/kvscale/crds/llmdeployments.kvscale.dev.yaml
 
+# The unit tests are pure and independent: one worker per core (on the 2-core CI machine, half the time).
 test-unit: venv
-	$(VENV)/bin/pytest -q tests/unit
+	$(VENV)/bin/pytest -q -n auto tests/unit
 
 testbed-build:
 	bash tests/testbed/build.sh

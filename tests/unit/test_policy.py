@@ -18,6 +18,7 @@ from kvscale.autoscaler import (
     check_observation,
     decide,
 )
+from kvscale.autoscaler.calibration import SHAPE_MEMORY_REQUESTS, SMOOTHING, shape_weight
 from kvscale.autoscaler.forecast import Forecaster
 from kvscale.autoscaler.policy import (
     ScaleDecision,
@@ -526,3 +527,37 @@ def test_no_scale_down_while_the_load_rises_and_down_once_it_is_flat() -> None:
     dropped = decide(_load(goodput, at=NOW + 15), context, history, NOW + 15)
     assert dropped.binding != "trend" and "no scale-down while the load rises" not in dropped.reason, dropped.reason
 
+
+
+def test_the_request_shape_is_a_mean_over_requests_not_over_windows() -> None:
+    context = _context()
+
+    def window(rate: float, mean_input_tokens: float | None) -> CalibrationSample:
+        return build_calibration_sample(context, replace(_load(rate), mean_input_tokens=mean_input_tokens,
+                                                         tpot_mean_s=0.02), prefill_mean_s=None)
+
+    busy = window(10.0, 2000)
+    # 10 req/s over min(60 s window, 30 s between decisions): 300 new requests behind its means.
+    assert busy.new_requests == pytest.approx(300.0)
+    learned = calibrate(Calibration(), context.setup, busy)
+    assert (learned.input_tokens, learned.shape_requests) == (2000, 300)
+    # The next 300 requests weigh as much as the first 300: the plain mean of 600 requests.
+    second = calibrate(learned, context.setup, window(10.0, 4000))
+    assert second.input_tokens == pytest.approx(3000) and second.shape_requests == 600
+
+    # A quiet window's three prompts barely move a mean over hundreds (per window they moved it 30%) ...
+    after_quiet = calibrate(learned, context.setup, window(0.1, 8000))
+    assert after_quiet.input_tokens == pytest.approx(2000 + 3 / 303 * 6000)
+    assert after_quiet.input_tokens - 2000 < 0.1 * SMOOTHING * 6000
+    # ... and a window in which nothing finished (its mean is the spec's, not a measurement) not at all.
+    assert calibrate(learned, context.setup, window(0.0, None)).input_tokens == 2000
+
+    # Beyond SHAPE_MEMORY_REQUESTS the oldest are forgotten: as many new requests move it half-way.
+    full = replace(learned, shape_requests=SHAPE_MEMORY_REQUESTS)
+    again = calibrate(full, context.setup, window(SHAPE_MEMORY_REQUESTS / 30.0, 8000))
+    assert again.input_tokens == pytest.approx(5000) and again.shape_requests == SHAPE_MEMORY_REQUESTS
+    # A shape an older operator kept without its count counts as a full memory; a window without a
+    # count (older callers) weighs as one window, SMOOTHING.
+    assert calibrate(replace(full, shape_requests=None), context.setup, window(0.1, 8000)).input_tokens \
+        == pytest.approx(2000 + 3 / 1003 * 6000)
+    assert shape_weight(None, requests_seen=300.0) == SMOOTHING and shape_weight(None, requests_seen=0.0) == 1.0

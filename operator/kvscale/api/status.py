@@ -232,6 +232,11 @@ class CalibrationStatus(StatusModel):
         float | None, Field(ge=0, le=1, description="Share of prompt tokens served from the prefix cache, "
                                                     "smoothed over windows.")
     ] = None
+    shape_requests: Annotated[
+        float | None, Field(ge=0, description="Finished requests the request shape above is a mean over "
+                                              "(each window weighs by its requests; capped: older ones are "
+                                              "forgotten at that rate).")
+    ] = None
     speed_fit_from: Annotated[
         SpeedFitSource | None,
         Field(description="What the speed factors were last fitted from: engine-counters (vLLM's work counters, "

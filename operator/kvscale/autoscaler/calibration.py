@@ -37,6 +37,13 @@ from kvscale.perfmodel import (
 SPEED_BOUNDS = (0.25, 4.0)  # the model may be off by 4x either way, not more
 TAIL_BOUNDS = (0.5, 4.0)
 SMOOTHING = 0.3  # weight of the newest sample
+# The request shape is a mean over requests, not over windows: each window's means weigh by the requests
+# behind them. Until this many requests are seen it is their plain mean (the first window no more than
+# any later one); from then on it forgets at that rate (a window of n new requests weighs n / (this + n)).
+# A quiet window's handful of prompts (or none, where the spec's figure stands in) barely moves it; a
+# busy one's hundreds do. Prompt lengths vary with a CV near 1, so a mean over this many is within ~3%.
+# Tuned on the tuning cases of benchmarks/autoscaling.py (docs/benchmarks.md).
+SHAPE_MEMORY_REQUESTS = 1000.0
 # A window in which sequences ran at all times this long (on average) measured decode steps; even a
 # light load's batch of one is a clean measurement of the step at that batch.
 MIN_RUNNING_FOR_DECODE_FIT = 0.05
@@ -65,6 +72,9 @@ class CalibrationSample:
     # burst (which the policy sizes for separately), not the servers' speed or tails
     prefix_cache_hit_rate: float | None = None  # measured in this window (the shape holds the one assumed)
     engine_work: EngineWork | None = None  # the engine's own work counters, per GPU; None: not exported
+    # Finished requests (all replicas) new since the previous sample, whose lengths the shape's means are
+    # over; None: unknown, and the shape is smoothed per window (SMOOTHING).
+    new_requests: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,7 @@ class Calibration:
     output_tokens: float | None = None
     input_tokens_tail: float | None = None  # prompt length at the SLO percentile
     prefix_cache_hit_rate: float | None = None  # share of prompt tokens the prefix cache served
+    shape_requests: float | None = None  # requests the shape is a mean over (SHAPE_MEMORY_REQUESTS at most)
     speed_fit_from: SpeedFitSource | None = None  # what the last speed update was fitted from
     # per GPU, measured from the engine's work counters and smoothed over the windows that measured them
     achieved_hbm_bandwidth_bytes_per_s: float | None = None
@@ -205,13 +216,38 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
         achieved_flops_per_s=_smoothed_if_measured(previous.achieved_flops_per_s, achieved.flops_per_s)), sample)
 
 
+def shape_weight(new_requests: float | None, requests_seen: float) -> float:
+    """The weight of a window's request shape in the smoothed one: its new requests over those seen
+    (SHAPE_MEMORY_REQUESTS at most) plus them; whole where none were seen before, and per window
+    (SMOOTHING) where the window's count is unknown."""
+    if new_requests is None:
+        return 1.0 if requests_seen <= 0.0 else SMOOTHING
+    if new_requests <= 0.0:
+        return 0.0
+    return new_requests / (min(requests_seen, SHAPE_MEMORY_REQUESTS) + new_requests)
+
+
+def _weighted(previous: float | None, sample: float, weight: float) -> float:
+    return sample if previous is None else (1.0 - weight) * previous + weight * sample
+
+
 def _with_shape(calibration: Calibration, sample: CalibrationSample) -> Calibration:
-    """The smoothed request shape updated with the window's."""
+    """The smoothed request shape updated with the window's, in proportion to the requests it saw."""
+    # A shape kept by an older operator, without its count, stands for a full memory of requests.
+    seen = calibration.shape_requests
+    if seen is None:
+        seen = 0.0 if calibration.input_tokens is None else SHAPE_MEMORY_REQUESTS
+    weight = shape_weight(sample.new_requests, seen)
+    if weight <= 0.0:
+        return calibration  # no request finished: nothing to learn about their lengths
     tail = calibration.input_tokens_tail
     if sample.shape.input_tokens_tail is not None:
-        tail = _smoothed_value(calibration.input_tokens_tail, sample.shape.input_tokens_tail)
-    return replace(calibration, input_tokens=_smoothed_value(calibration.input_tokens, sample.shape.input_tokens),
-                   output_tokens=_smoothed_value(calibration.output_tokens, sample.shape.output_tokens),
-                   input_tokens_tail=tail,
-                   prefix_cache_hit_rate=_smoothed_if_measured(calibration.prefix_cache_hit_rate,
-                                                               sample.prefix_cache_hit_rate))
+        tail = _weighted(calibration.input_tokens_tail, sample.shape.input_tokens_tail, weight)
+    hit_rate = calibration.prefix_cache_hit_rate
+    if sample.prefix_cache_hit_rate is not None:
+        hit_rate = _weighted(hit_rate, sample.prefix_cache_hit_rate, weight)
+    return replace(calibration, input_tokens=_weighted(calibration.input_tokens, sample.shape.input_tokens, weight),
+                   output_tokens=_weighted(calibration.output_tokens, sample.shape.output_tokens, weight),
+                   input_tokens_tail=tail, prefix_cache_hit_rate=hit_rate,
+                   shape_requests=calibration.shape_requests if sample.new_requests is None
+                   else min(seen + sample.new_requests, SHAPE_MEMORY_REQUESTS))

@@ -240,7 +240,9 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         steady=(observation.waiting_requests or 0.0) / pods < 1.0
         and context.ready_replicas >= context.current_replicas
         and not _drained_a_backlog(observation, context.spec),
-        prefix_cache_hit_rate=observation.prefix_cache_hit_rate, engine_work=_engine_work(observation))
+        prefix_cache_hit_rate=observation.prefix_cache_hit_rate, engine_work=_engine_work(observation),
+        # Windows overlap when decisions come faster than a window: the requests new since the last one.
+        new_requests=None if rate is None else rate * min(observation.window_s, context.decision_interval_s))
 
 
 def _drained_a_backlog(observation: Observation, spec: LLMDeploymentSpec) -> bool:

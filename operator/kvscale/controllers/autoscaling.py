@@ -78,7 +78,7 @@ def previous_calibration(status: LLMDeploymentStatus | None) -> Calibration:
                        samples=1 if c.fitted_windows is None else c.fitted_windows,  # None: written before it existed
                        input_tokens=c.input_tokens, output_tokens=c.output_tokens,
                        input_tokens_tail=c.input_tokens_tail, prefix_cache_hit_rate=c.prefix_cache_hit_rate,
-                       speed_fit_from=c.speed_fit_from,
+                       shape_requests=c.shape_requests, speed_fit_from=c.speed_fit_from,
                        achieved_hbm_bandwidth_bytes_per_s=_converted(c.achieved_hbm_bandwidth_gbps,
                                                                      gb_per_s_to_bytes_per_s),
                        achieved_flops_per_s=_converted(c.achieved_tflops, tflops_to_flops_per_s))
@@ -103,7 +103,7 @@ def calibration_status(calibration: Calibration) -> CalibrationStatus:
         input_tokens=_rounded(calibration.input_tokens, 1), output_tokens=_rounded(calibration.output_tokens, 1),
         input_tokens_tail=_rounded(calibration.input_tokens_tail, 1), fitted_windows=calibration.samples,
         prefix_cache_hit_rate=_rounded(calibration.prefix_cache_hit_rate, 4),
-        speed_fit_from=calibration.speed_fit_from,
+        shape_requests=_rounded(calibration.shape_requests, 1), speed_fit_from=calibration.speed_fit_from,
         achieved_hbm_bandwidth_gbps=_rounded(_converted(calibration.achieved_hbm_bandwidth_bytes_per_s,
                                                         bytes_per_s_to_gb_per_s), 1),
         achieved_tflops=_rounded(_converted(calibration.achieved_flops_per_s, flops_per_s_to_tflops), 3))

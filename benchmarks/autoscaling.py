@@ -209,11 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", choices=("tuning", "evaluation", "all"), default="all")
     parser.add_argument("--replan", choices=("on", "off"), default="on",
                         help="also serve benchmarks/replan.py's drifted-traffic cases with re-planning on and off")
+    parser.add_argument("--seed", type=int, default=STARTUP_SEED,
+                        help="the start-up draws' and the servers' jitter seed (the published table: 1)")
     args = parser.parse_args(argv)
+    global CONFIG  # one run, one fleet configuration: every policy and hindsight search below uses it
+    CONFIG = replace(CONFIG, seed=args.seed, server_form=replace(CONFIG.server_form, seed=args.seed))
     print("autoscaling benchmark (command: .venv/bin/python benchmarks/autoscaling.py)")
     print(f"traces: {AZURE_ATTRIBUTION}")
     print(f"start-up of each new replica: uniform {STARTUP_RANGE_S[0]:g}-{STARTUP_RANGE_S[1]:g} s, seed "
-          f"{STARTUP_SEED} (not told to any policy)")
+          f"{args.seed} (not told to any policy)")
     print(f"servers: efficiency factors off the planner's, and in form: {CONFIG.server_form.describe}")
     cases = [c for c in CASES if args.cases in ("all", c.split)]
     print("each row is the same as:")

@@ -126,12 +126,12 @@ def _smoothed(previous: float, target: float, first: bool, bounds: tuple[float, 
     return _bounded(math.exp(log_value), bounds)
 
 
-def _smoothed_value(previous: float | None, sample: float) -> float:
-    return sample if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * sample
+def _weighted(previous: float | None, sample: float, weight: float) -> float:
+    return sample if previous is None else (1.0 - weight) * previous + weight * sample
 
 
 def _smoothed_if_measured(previous: float | None, sample: float | None) -> float | None:
-    return previous if sample is None else _smoothed_value(previous, sample)
+    return previous if sample is None else _weighted(previous, sample, SMOOTHING)
 
 
 def _achieved_speeds(model: ReplicaModel, sample: CalibrationSample, rate: float | None) -> AchievedSpeeds:
@@ -225,10 +225,6 @@ def shape_weight(new_requests: float | None, requests_seen: float) -> float:
     if new_requests <= 0.0:
         return 0.0
     return new_requests / (min(requests_seen, SHAPE_MEMORY_REQUESTS) + new_requests)
-
-
-def _weighted(previous: float | None, sample: float, weight: float) -> float:
-    return sample if previous is None else (1.0 - weight) * previous + weight * sample
 
 
 def _with_shape(calibration: Calibration, sample: CalibrationSample) -> Calibration:

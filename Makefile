@@ -60,7 +60,7 @@ test: lint typecheck test-unit test-bed
 # the bed; it rewrites the captured /metrics fixture that test-bed replays (tests/realvllm/README.md).
 test-vllm: venv testbed-build
 	bash tests/realvllm/install.sh
-	KVSCALE_BED_TESTS=tests/realvllm KVSCALE_BED_TEST_TIMEOUT_S=900 bash tests/testbed/run-bed-tests.sh
+	KVSCALE_BED_TESTS=tests/realvllm KVSCALE_BED_LANES=1 KVSCALE_BED_TEST_TIMEOUT_S=900 bash tests/testbed/run-bed-tests.sh
 
 # The operator image (Dockerfile) with Debian's podman and a base made from Debian packages.
 image:

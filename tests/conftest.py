@@ -34,6 +34,27 @@ from bedkit import (
     wait_until,
 )
 
+# Seconds each bed test file took in a cold CI run (docs/testing.md, 5d79cbe). The two lanes of
+# tests/testbed/run-bed-tests.sh (pytest-xdist, one file to one lane) take files in collection order,
+# so the long ones go first and the lanes end together instead of one starting a 6-minute file last.
+BED_FILE_SECONDS = {
+    "test_e2e_autoscaling.py": 470,
+    "test_e2e_ramp_ahead.py": 390,
+    "test_e2e_replan.py": 230,
+    "test_real_vllm_contract.py": 220,
+    "test_e2e_failover.py": 180,
+    "test_fuzz_resources.py": 160,
+    "test_image.py": 120,
+    "test_e2e_slow_startup.py": 75,
+    "test_e2e_metrics_faults.py": 65,
+    "test_operator_failure_paths.py": 60,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A stable sort: each file's tests stay together and in their order.
+    items.sort(key=lambda item: -BED_FILE_SECONDS.get(item.path.name, 0))
+
 
 def bed_unavailable(reason: str) -> NoReturn:
     if bed_required():

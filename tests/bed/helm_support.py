@@ -27,6 +27,7 @@ import kopf
 import yaml
 from bedkit import BIN_DIR, Kube, free_port, wait_until
 from kubernetes.config import kube_config
+from operator_harness import apply_cluster_objects
 
 from kvscale.controllers.operator import OperatorConfig, OperatorState, build_registry
 from kvscale.controllers.peering import PeerIdentity
@@ -115,7 +116,7 @@ class Release:
 
 def apply_peering_crds(kube: Kube) -> None:
     """kopf's peering CRDs from the chart (idempotent; shared cluster-scoped objects, never deleted)."""
-    kube.kubectl("apply", "-f", str(PEERING_CRDS), check=True)
+    apply_cluster_objects(kube, PEERING_CRDS)
     for crd in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         kube.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s", check=True)
 

@@ -96,8 +96,19 @@ class OperatorProcess:
                 self.process.kill()
 
 
+def apply_cluster_objects(kube: Kube, path: Path) -> None:
+    """`kubectl apply -f path`, retried: tests in two lanes (tests/testbed/run-bed-tests.sh) can both find a
+    cluster-scoped object missing and both create it; the second create fails AlreadyExists, its retry patches."""
+    def applied() -> bool:
+        result = kube.kubectl("apply", "-f", str(path))
+        assert result.returncode == 0, result.stderr  # reported if every try fails
+        return True
+
+    wait_until(applied, 60, f"kubectl apply -f {path}")
+
+
 def install_crd(kube: Kube) -> None:
-    kube.kubectl("apply", "-f", str(CRD), check=True)
+    apply_cluster_objects(kube, CRD)
     # On a bed that has just come up, `kubectl wait` can fail at once (its discovery of the
     # CustomResourceDefinition type races the apiserver's first seconds): a failed wait is "not yet".
     wait_until(lambda: kube.kubectl("wait", "--for=condition=Established", "crd/llmdeployments.kvscale.dev",

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from bedctl import BED_APISERVER, BED_ETCD
 from bedkit import Kube, wait_until
@@ -42,6 +43,10 @@ from operator_harness import (
     load_document,
     wait_quiet,
 )
+
+# Alone on the bed, after the two-lane phase (tests/testbed/run-bed-tests.sh):
+# it kills and restarts the bed's kube-apiserver and etcd, under every test.
+pytestmark = pytest.mark.bed_exclusive
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-3.1-70b-h100.yaml"

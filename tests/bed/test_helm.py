@@ -35,6 +35,10 @@ from operator_harness import condition, get, install_crd, wait_condition
 from kvscale.catalog import find_model_entry
 from kvscale.controllers.telemetry import Telemetry
 
+# Alone on the bed, after the two-lane phase (tests/testbed/run-bed-tests.sh):
+# its operators run cluster-wide and would reconcile the other lane's resources.
+pytestmark = pytest.mark.bed_exclusive
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-3.1-8b-l4.yaml"
 EXAMPLE_NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]

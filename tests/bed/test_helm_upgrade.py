@@ -22,10 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from bedkit import Kube, wait_until
 from helm_support import CHART, Helm, helm_binary, running_operator_as, unique, write_token_kubeconfig
 from operator_harness import CRD, apply, get, install_crd, load_document, resource_versions, wait_condition, wait_quiet
+
+# Alone on the bed, after the two-lane phase (tests/testbed/run-bed-tests.sh):
+# it upgrades the shared LLMDeployment CRD.
+pytestmark = pytest.mark.bed_exclusive
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-3.1-8b-l4.yaml"

@@ -101,6 +101,14 @@ def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
     told = [e for e in events(kube, namespace, NAME) if e["reason"] == "WriteFailed"]
     assert len(told) == 1 and "ResourceQuota" in told[0]["message"], told
 
+    # The rollout's own progress (its pods Ready, their start-up measured) rewrites the status rightly: the
+    # window below starts from a status that has seen it (a busy bed makes the pods Ready seconds late).
+    def rolled_out() -> bool:
+        llmd, deployment = get(kube, "llmd", namespace, NAME), get(kube, "deployment", namespace, NAME)
+        wanted = ((deployment or {}).get("spec") or {}).get("replicas") or 0
+        return wanted >= 1 and ((llmd or {}).get("status") or {}).get("readyReplicas") == wanted
+
+    wait_until(rolled_out, 40, "the status to count every replica Ready")
     # Back-off: over ~30 s of passes the Service is tried a handful of times, not once per pass; the
     # status is not rewritten, and the log says it once.
     passes, tries = operator.state.resyncs, operator.state.refused_writes

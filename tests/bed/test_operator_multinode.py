@@ -29,6 +29,10 @@ from operator_harness import (
 from kvscale.api.spec import load_resource
 from kvscale.planner import build_plan_inputs, plan_deployment
 
+# Alone on the bed, after the two-lane phase (tests/testbed/run-bed-tests.sh):
+# two groups take every H100 node (wait_nodes_free).
+pytestmark = pytest.mark.bed_exclusive
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_405B = ROOT / "examples/llama-3.1-405b-h100.yaml"
 LEADER = "leaderworkerset.sigs.k8s.io/worker-index=0"

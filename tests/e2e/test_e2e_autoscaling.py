@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 from bedctl import BED_PROMETHEUS
 from bedkit import wait_until
 from e2ekit import SCAN_INTERVAL_S, Recorder, Stack
@@ -88,6 +89,8 @@ def test_load_drop_scales_down_only_after_the_stabilization_window(stack: Stack)
     assert first_down.t - drop <= latest_down_s
 
 
+# Alone on the bed (tests/testbed/run-bed-tests.sh): it kills the bed's Prometheus, which every test reads.
+@pytest.mark.bed_exclusive
 def test_prometheus_outage_holds_replicas_and_sets_metrics_unavailable(stack: Stack) -> None:
     name = "outage"
     stack.deploy(name, **{"workload.requestsPerSecond": 12})  # planned for more than the light load below

@@ -19,6 +19,10 @@ from e2ekit import TIME_SCALE, Stack, llmdeployment
 from loadgen import LoadGenerator, rate_scale_for, replay_schedule
 from operator_harness import apply, get, load_document, wait_nodes_free
 
+# Alone on the bed, after the two-lane phase (tests/testbed/run-bed-tests.sh):
+# two groups take every H100 node (wait_nodes_free).
+pytestmark = pytest.mark.bed_exclusive
+
 EXAMPLE_405B = Path(__file__).resolve().parents[2] / "examples/llama-3.1-405b-h100.yaml"
 MODEL = "meta-llama/Llama-3.1-405B-Instruct"
 LOAD_S = 120.0

@@ -235,6 +235,27 @@ def test_arrivals_count_the_growth_in_flight_and_a_rising_trend_is_sized_ahead()
 
 
 
+def test_a_saturated_fleet_sizes_for_its_queue_growth_since_the_last_decision() -> None:
+    # A surge's first seconds: nothing queued, then within 10 s a queue of twice a tenth of the slots on
+    # each replica. Finished requests are capped by the fleet, and the queue's growth averaged from the
+    # window's first decision (40 s ago) is a quarter of the last ten seconds'. A saturated fleet is sized
+    # by the latter; what is remembered for the forecasts and the burst levels stays the window's.
+    context = _context(current=4, max_replicas=200)
+    goodput = _goodput(context)
+    rate = 0.8 * 4 * goodput
+    history = ScalingHistory()
+    for t in (NOW - 70, NOW - 40, NOW - 10):
+        history = decide(_load(rate, at=t, running=40.0), context, history, t).history
+    queued = 4 * max(2.0, 0.2 * context.max_num_seqs)
+    surge = decide(_load(rate, running=40.0, waiting=queued), context, history, NOW)
+    assert f"demand {rate + queued / 10 + queued / 30:.2f} req/s" in surge.reason, surge.reason
+    assert surge.history.demands[-1][1] == pytest.approx(rate + queued / 40 + queued / 30)
+    # The same growth in running requests (slots free for them: no queue) is the window's.
+    calm = decide(_load(rate, running=40.0 + queued), context, history, NOW)
+    assert f"demand {rate + queued / 40:.2f} req/s" in calm.reason, calm.reason
+    assert surge.recommended_replicas > calm.recommended_replicas
+
+
 def test_a_rise_is_sized_for_one_measured_startup_ahead_and_a_steady_load_is_not() -> None:
     # Twenty minutes of a steady rise, with Holt-Winters pinned (Auto needs a backtest first): the demand
     # is the forecast one start-up plus one decision ahead, above what arrives now and at most 2x the peak.
@@ -308,6 +329,23 @@ def test_bursts_beyond_poisson_noise_are_sized_for_and_held_where_they_recur() -
     busy = decide(_load(4 * mean), context, ScalingHistory(), NOW)
     assert decide(_load(mean, at=NOW + 120), context, busy.history, NOW + 120).recommended_replicas == (
         calm.recommended_replicas)
+
+
+def test_a_surge_that_ends_is_not_held_as_a_burst() -> None:
+    # A surge to 4x whose busiest 30 s reach 5x: its rising edge and, once it ends, its falling edge both
+    # show a window's peak above anything a 60 s window held (its busiest seconds are still in the window
+    # as its mean falls). Neither is a burst: the rate windows held most of it, up to a window before the
+    # fall, so after the fall the replicas go with the scale-down window like any demand's.
+    context = _context(current=2, max_replicas=200, scale_down_stabilization_seconds=90)
+    mean = 2 * _goodput(context)
+    calm = decide(_load(mean), context, ScalingHistory(), NOW)
+    history = ScalingHistory()
+    for t, rate, peak in ((NOW - 150, mean, 5 * mean), (NOW - 120, 4 * mean, None), (NOW - 90, 4 * mean, None),
+                          (NOW - 60, 2 * mean, 5 * mean), (NOW - 30, mean, None), (NOW, mean, None)):
+        history = decide(replace(_load(rate, at=t), peak_request_rate=peak), context, history, t).history
+    after = decide(_load(mean, at=NOW + 20), context, history, NOW + 20)
+    assert after.recommended_replicas == calm.recommended_replicas, after.reason
+    assert "bursts:" not in after.reason
 
 
 def test_long_prompts_set_a_ttft_floor_that_is_neither_capacity_nor_a_tail_factor() -> None:

@@ -7,7 +7,9 @@ headroom. Demand is the larger of the arrivals forecast one measured start-up pl
 ahead (kvscale.autoscaler.forecast: the forecaster its rolling backtest favours, never below now) and
 the latest burst: the arrivals plus the busiest 30 s above the mean beyond Poisson noise. Bursts
 of seconds end before a new replica is Ready, so a burst's demand stands for the scale-down window
-(only where the peak was a burst: a steady demand is not held twice). Breaches of
+(only where the peak was a burst: a steady demand is not held twice, nor a surge's edges). Where every
+Ready replica has a queue, the arrivals now count the queue's growth since the previous decision (a
+surge's first seconds; a minute's average trails them by a replica per decision). Breaches of
 the observed percentile TTFT/TPOT beyond a 10% tolerance or a growing queue add replicas. Scale-up
 is fast (its stabilization window defaults to zero) and bounded per step; scale-down waits for its
 window and then steps down gently, and not at all while the load climbs. Missing, stale or implausible
@@ -103,29 +105,38 @@ class ScalingHistory:
         kept = tuple(d for d in self.demands if now_s - d[0] <= max(DEMAND_MEMORY_S, memory_s))
         return replace(self, demands=(*kept, (now_s, arrivals, in_flight, max(burst_arrivals, 0.0))))
 
-    def arrivals(self, now_s: float, finished_rate: float, in_flight: float) -> float:
+    def arrivals(self, now_s: float, finished_rate: float, in_flight: float, saturated: bool = False) -> float:
         """Arrivals/s: finished requests plus the growth of those in flight (running and waiting) over
         the last window. Finished requests alone lag arrivals by a request's latency, which at a
-        deployment's first minutes, or a surge, is most of the story."""
+        deployment's first minutes, or a surge, is most of the story. Where the replicas are saturated
+        (a queue on each), what finishes is capped by the fleet and the queue's growth is the whole
+        excess of arrivals: it counts since the previous decision too, whichever is faster, since a
+        minute's average of a surge's first seconds is a quarter of it."""
         recent = [d for d in self.demands if 0 < now_s - d[0] <= IN_FLIGHT_WINDOW_S]
         if not recent:
             return finished_rate
         then_s, _, then_in_flight, _ = recent[0]
-        return finished_rate + max(0.0, (in_flight - then_in_flight) / (now_s - then_s))
+        growth = (in_flight - then_in_flight) / (now_s - then_s)
+        if saturated:
+            last_s, _, last_in_flight, _ = recent[-1]
+            growth = max(growth, (in_flight - last_in_flight) / (now_s - last_s))
+        return finished_rate + max(0.0, growth)
 
-    def recent_burst(self, now_s: float, lookback_s: float) -> float:
+    def recent_burst(self, now_s: float, lookback_s: float, rate_window_s: float) -> float:
         """The arrivals/s of the largest burst of the last `lookback_s` where bursts recur (two or more
         separate ones in the last two lookbacks); else 0. Only windows whose peak Poisson noise does not
         explain count, and a single one is not held either: a load that drops looks like one (its
         earlier peak is still in the rate window), and must scale down after one window. Nor is a burst
-        no higher than a load the rate windows held meanwhile: that was a surge's rising edge, its level
-        since sustained, and it goes with the scale-down window like any demand."""
+        no higher than a load the rate windows held from one rate window before it until now: either that
+        was a surge's rising edge, its level since sustained, or its falling edge, the level leaving the
+        window (its peak sits early in a window whose mean has fallen); both go with the scale-down
+        window like any demand."""
         remembered = [(t, b) for t, _, _, b in self.demands if now_s - t <= 2 * lookback_s]
         starts = sum(1 for i, (_, b) in enumerate(remembered) if b > 0 and (i == 0 or remembered[i - 1][1] <= 0))
         if starts < 2:
             return 0.0
-        level = self.sustained_level(now_s, lookback_s)
-        return max((b for t, b in remembered if now_s - t <= lookback_s and b > level), default=0.0)
+        return max((b for t, b in remembered
+                    if now_s - t <= lookback_s and b > self.level_between(t - rate_window_s, now_s)), default=0.0)
 
     def with_ready(self, now_s: float, ready: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.ready_seen if now_s - t <= DEMAND_MEMORY_S)
@@ -140,6 +151,10 @@ class ScalingHistory:
         """The highest demand (a window's mean arrivals/s) recorded in the last `lookback_s`: a load held
         that long. A peak no higher, seen as the load falls, is that level leaving the window, not a burst."""
         return max((d for t, d, _, _ in self.demands if 0 < now_s - t <= lookback_s), default=0.0)
+
+    def level_between(self, from_s: float, to_s: float) -> float:
+        """The highest demand (a window's mean arrivals/s) recorded from `from_s` to `to_s`."""
+        return max((d for t, d, _, _ in self.demands if from_s <= t <= to_s), default=0.0)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         return [r for t, r in self.recommendations if now_s - t <= window_s]
@@ -292,8 +307,16 @@ def _in_flight(observation: Observation) -> float:
     return (observation.running_requests or 0.0) + (observation.waiting_requests or 0.0)
 
 
-def _arrivals(observation: Observation, history: ScalingHistory) -> float:
-    return history.arrivals(observation.sampled_at_s, observation.request_rate or 0.0, _in_flight(observation))
+def _saturated(observation: Observation, context: ReplicaContext) -> bool:
+    """A queue on every Ready replica, beyond a tenth of its slots (at least one request): its slots are
+    full, and what it finishes is its capacity, not the arrivals."""
+    ready = max(min(context.ready_replicas, max(context.current_replicas, 1)), 1)
+    return (observation.waiting_requests or 0.0) / ready > max(1.0, 0.1 * context.max_num_seqs)
+
+
+def _arrivals(observation: Observation, history: ScalingHistory, saturated: bool = False) -> float:
+    return history.arrivals(observation.sampled_at_s, observation.request_rate or 0.0, _in_flight(observation),
+                            saturated)
 
 
 def _burst_excess(observation: Observation, mean: float) -> float:
@@ -352,7 +375,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     arrival = arrivals + waiting / QUEUE_DRAIN_S
     trended = _expected_arrivals(arrivals, forecast, history.forecasts) + waiting / QUEUE_DRAIN_S
     window_s = spec.scaling.scale_down_stabilization_seconds
-    burst = max(arrival + burst_excess, history.recent_burst(observation.sampled_at_s, window_s))
+    burst = max(arrival + burst_excess, history.recent_burst(observation.sampled_at_s, window_s, observation.window_s))
     expected = max(trended, burst)
     wanted = math.ceil(expected * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
     binding = "demand"
@@ -391,8 +414,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
         if corrected > wanted and (not starting or corrected > current):
             wanted, binding = corrected, name
         reasons.append(text)
-    per_replica_queue = waiting / ready
-    if per_replica_queue > max(1.0, 0.1 * context.max_num_seqs) and not starting:
+    if _saturated(observation, context) and not starting:
         drain = ready + math.ceil(waiting / max(goodput * QUEUE_DRAIN_S, 1e-9))
         if drain > wanted:
             wanted, binding = drain, "queue"
@@ -425,6 +447,9 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     if not slo_attainable:
         goodput = replica_throughput(context, shape, model)
     arrivals = _arrivals(observation, history)
+    # Sized for now, where the fleet is saturated, by the queue's latest growth; what is remembered (the
+    # forecasts, the levels bursts are held against) stays the window's, which a second's spike does not set.
+    arrivals_now = _arrivals(observation, history, _saturated(observation, context))
     excess = _burst_excess(observation, max(arrivals, history.sustained_level(observation.sampled_at_s,
                                                                                observation.window_s)))
     # The forecasts see every decision's arrivals, and are scored at the horizon a scale-up needs now.
@@ -432,7 +457,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         observation.sampled_at_s, arrivals)
     history = replace(history, forecasts=forecasts)
     forecast = forecasts.forecast(context.forecaster)
-    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals, excess, shape, forecast,
+    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals_now, excess, shape, forecast,
                                           slo_attainable)
     history = history.with_ready(observation.sampled_at_s, context.ready_replicas)
     demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S

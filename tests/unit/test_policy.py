@@ -254,6 +254,9 @@ def test_a_saturated_fleet_sizes_for_its_queue_growth_since_the_last_decision() 
     calm = decide(_load(rate, running=40.0 + queued), context, history, NOW)
     assert f"demand {rate + queued / 40:.2f} req/s" in calm.reason, calm.reason
     assert surge.recommended_replicas > calm.recommended_replicas
+    # Not while a replica starts: the queue grows because the capacity asked for is not up yet.
+    starting = decide(_load(rate, running=40.0, waiting=queued), replace(context, ready_replicas=3), history, NOW)
+    assert f"demand {rate + queued / 40 + queued / 30:.2f} req/s" in starting.reason, starting.reason
 
 
 def test_a_rise_is_sized_for_one_measured_startup_ahead_and_a_steady_load_is_not() -> None:

@@ -8,8 +8,8 @@ ahead (kvscale.autoscaler.forecast: the forecaster its rolling backtest favours,
 the latest burst: the arrivals plus the busiest 30 s above the mean beyond Poisson noise. Bursts
 of seconds end before a new replica is Ready, so a burst's demand stands for the scale-down window
 (only where the peak was a burst: a steady demand is not held twice, nor a surge's edges). Where every
-Ready replica has a queue, the arrivals now count the queue's growth since the previous decision (a
-surge's first seconds; a minute's average trails them by a replica per decision). Breaches of
+Ready replica has a queue and none is starting, the arrivals now count the queue's growth since the
+previous decision (a surge's first seconds; a minute's average trails them by a replica per decision). Breaches of
 the observed percentile TTFT/TPOT beyond a 10% tolerance or a growing queue add replicas. Scale-up
 is fast (its stabilization window defaults to zero) and bounded per step; scale-down waits for its
 window and then steps down gently, and not at all while the load climbs. Missing, stale or implausible
@@ -449,7 +449,10 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     arrivals = _arrivals(observation, history)
     # Sized for now, where the fleet is saturated, by the queue's latest growth; what is remembered (the
     # forecasts, the levels bursts are held against) stays the window's, which a second's spike does not set.
-    arrivals_now = _arrivals(observation, history, _saturated(observation, context))
+    # Not while replicas start: the queue then grows because the capacity asked for is not up yet, and one
+    # decision's growth, noisy as it is, would ask again for what is already coming (as breaches do not).
+    starting = context.ready_replicas < context.current_replicas
+    arrivals_now = _arrivals(observation, history, _saturated(observation, context) and not starting)
     excess = _burst_excess(observation, max(arrivals, history.sustained_level(observation.sampled_at_s,
                                                                                observation.window_s)))
     # The forecasts see every decision's arrivals, and are scored at the horizon a scale-up needs now.

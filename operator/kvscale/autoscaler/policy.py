@@ -147,14 +147,10 @@ class ScalingHistory:
         percentile over that window is set by its worst stretch, which that fleet served."""
         return min([r for t, r in self.ready_seen if now_s - t <= lookback_s] + [ready])
 
-    def sustained_level(self, now_s: float, lookback_s: float) -> float:
-        """The highest demand (a window's mean arrivals/s) recorded in the last `lookback_s`: a load held
-        that long. A peak no higher, seen as the load falls, is that level leaving the window, not a burst."""
-        return max((d for t, d, _, _ in self.demands if 0 < now_s - t <= lookback_s), default=0.0)
-
     def level_between(self, from_s: float, to_s: float) -> float:
-        """The highest demand (a window's mean arrivals/s) recorded from `from_s` to `to_s`."""
-        return max((d for t, d, _, _ in self.demands if from_s <= t <= to_s), default=0.0)
+        """The highest demand (a window's mean arrivals/s) recorded from `from_s` until before `to_s`: a
+        load held over that time. A peak no higher is that level entering or leaving a window, not a burst."""
+        return max((d for t, d, _, _ in self.demands if from_s <= t < to_s), default=0.0)
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         return [r for t, r in self.recommendations if now_s - t <= window_s]
@@ -307,11 +303,28 @@ def _in_flight(observation: Observation) -> float:
     return (observation.running_requests or 0.0) + (observation.waiting_requests or 0.0)
 
 
-def _saturated(observation: Observation, context: ReplicaContext) -> bool:
-    """A queue on every Ready replica, beyond a tenth of its slots (at least one request): its slots are
-    full, and what it finishes is its capacity, not the arrivals."""
-    ready = max(min(context.ready_replicas, max(context.current_replicas, 1)), 1)
-    return (observation.waiting_requests or 0.0) / ready > max(1.0, 0.1 * context.max_num_seqs)
+@dataclass(frozen=True)
+class Fleet:
+    """The replicas a decision sees: those asked for (at least one), those Ready (at least one, and no more
+    than asked for), and whether any is still starting."""
+
+    current: int
+    ready: int
+    starting: bool
+
+    @classmethod
+    def of(cls, context: ReplicaContext) -> Fleet:
+        current = max(context.current_replicas, 1)
+        return cls(current=current, ready=max(min(context.ready_replicas, current), 1),
+                   starting=context.ready_replicas < context.current_replicas)
+
+
+def _saturated(observation: Observation, context: ReplicaContext, fleet: Fleet) -> bool:
+    """A queue on every Ready replica, beyond a tenth of its slots (at least one request), and no replica
+    starting: its slots are full, and what it finishes is its capacity, not the arrivals. While replicas
+    start, the queue grows because the capacity asked for is not up yet."""
+    queue_per_replica = (observation.waiting_requests or 0.0) / fleet.ready
+    return not fleet.starting and queue_per_replica > max(1.0, 0.1 * context.max_num_seqs)
 
 
 def _arrivals(observation: Observation, history: ScalingHistory, saturated: bool = False) -> float:
@@ -357,8 +370,8 @@ def _trend_rise(forecasts: ForecastState, arrivals: float) -> float | None:
     return rise if rise > noise and climbing else None
 
 
-def _recommend(observation: Observation, context: ReplicaContext, goodput: float, history: ScalingHistory,
-               arrivals: float, burst_excess: float, shape: RequestShape,
+def _recommend(observation: Observation, context: ReplicaContext, fleet: Fleet, goodput: float,
+               history: ScalingHistory, arrivals: float, burst_excess: float, shape: RequestShape,
                forecast: Forecast, slo_attainable: bool) -> tuple[int, str, list[str]]:
     """(replicas, binding, reasons) from demand and SLO/queue corrections, before bounds and windows.
 
@@ -367,9 +380,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
     would compound the same shortfall; a breach larger than they cover still asks for more.
     """
     spec = context.spec
-    current = max(context.current_replicas, 1)
-    ready = max(min(context.ready_replicas, current), 1)
-    starting = context.ready_replicas < context.current_replicas
+    current, ready, starting = fleet.current, fleet.ready, fleet.starting
     waiting = observation.waiting_requests or 0.0
     # Arrivals, plus what is piling up in the queue, which should drain within QUEUE_DRAIN_S.
     arrival = arrivals + waiting / QUEUE_DRAIN_S
@@ -414,7 +425,7 @@ def _recommend(observation: Observation, context: ReplicaContext, goodput: float
         if corrected > wanted and (not starting or corrected > current):
             wanted, binding = corrected, name
         reasons.append(text)
-    if _saturated(observation, context) and not starting:
+    if _saturated(observation, context, fleet):
         drain = ready + math.ceil(waiting / max(goodput * QUEUE_DRAIN_S, 1e-9))
         if drain > wanted:
             wanted, binding = drain, "queue"
@@ -449,19 +460,20 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     arrivals = _arrivals(observation, history)
     # Sized for now, where the fleet is saturated, by the queue's latest growth; what is remembered (the
     # forecasts, the levels bursts are held against) stays the window's, which a second's spike does not set.
-    # Not while replicas start: the queue then grows because the capacity asked for is not up yet, and one
-    # decision's growth, noisy as it is, would ask again for what is already coming (as breaches do not).
-    starting = context.ready_replicas < context.current_replicas
-    arrivals_now = _arrivals(observation, history, _saturated(observation, context) and not starting)
-    excess = _burst_excess(observation, max(arrivals, history.sustained_level(observation.sampled_at_s,
-                                                                               observation.window_s)))
+    # Not while replicas start (see _saturated): one decision's growth, noisy as it is, would ask again for
+    # what is already coming (as breaches do not).
+    fleet = Fleet.of(context)
+    arrivals_now = _arrivals(observation, history, _saturated(observation, context, fleet))
+    now_sampled_s = observation.sampled_at_s
+    excess = _burst_excess(observation, max(arrivals, history.level_between(now_sampled_s - observation.window_s,
+                                                                             now_sampled_s)))
     # The forecasts see every decision's arrivals, and are scored at the horizon a scale-up needs now.
     forecasts = history.forecasts.with_horizon(context.startup_s + context.decision_interval_s).observe(
         observation.sampled_at_s, arrivals)
     history = replace(history, forecasts=forecasts)
     forecast = forecasts.forecast(context.forecaster)
-    wanted, binding, reasons = _recommend(observation, context, goodput, history, arrivals_now, excess, shape, forecast,
-                                          slo_attainable)
+    wanted, binding, reasons = _recommend(observation, context, fleet, goodput, history, arrivals_now, excess, shape,
+                                          forecast, slo_attainable)
     history = history.with_ready(observation.sampled_at_s, context.ready_replicas)
     demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     # Remembered for two windows: bursts are held where two or more fall within them.

@@ -351,6 +351,18 @@ def test_a_surge_that_ends_is_not_held_as_a_burst() -> None:
     assert "bursts:" not in after.reason
 
 
+def test_a_level_between_two_times_counts_the_first_and_not_the_last() -> None:
+    # The level a load held: from `from_s` up to, not including, `to_s` (the decision's own window is
+    # not yet a level it held).
+    history = ScalingHistory()
+    for t, demand in ((NOW - 60, 1.0), (NOW - 30, 3.0), (NOW, 7.0)):
+        history = history.with_demand(t, demand, in_flight=0.0)
+    assert history.level_between(NOW - 60, NOW) == 3.0
+    assert history.level_between(NOW - 59, NOW - 30) == 0.0
+    assert history.level_between(NOW - 60, NOW - 30) == 1.0
+    assert history.level_between(NOW - 30, NOW + 1) == 7.0
+
+
 def test_long_prompts_set_a_ttft_floor_that_is_neither_capacity_nor_a_tail_factor() -> None:
     context = _context()
     model = build_replica_model(context.setup)

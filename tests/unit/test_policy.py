@@ -496,6 +496,45 @@ def test_a_window_that_drained_a_backlog_teaches_no_tail() -> None:
     assert calibrate(Calibration(), context.setup, prompt).ttft_tail_factor > 1.2
 
 
+def test_a_window_with_a_queue_leaves_the_prefill_speed_alone() -> None:
+    # Prompts that waited for a slot are prefilled beside a backlog's prompts, sharing the token budget:
+    # their prefill time measures the backlog, and read as slow hardware it halved the calibrated
+    # prefill speed (and doubled the replicas) for long after a surge (docs/benchmarks.md).
+    context = _context()
+    quiet = build_calibration_sample(context, replace(_load(1.0), tpot_mean_s=0.02), prefill_mean_s=3.0)
+    queued = build_calibration_sample(context, replace(_load(1.0, waiting=8.0), tpot_mean_s=0.02),
+                                      prefill_mean_s=3.0)
+    assert not quiet.queued and queued.queued and not queued.steady
+    assert calibrate(Calibration(), context.setup, quiet).prefill_factor < 1.0
+    learned = calibrate(Calibration(), context.setup, queued)
+    assert learned.prefill_factor == 1.0
+    assert learned.ttft_error_pct is not None  # the prediction error is still reported
+
+
+def test_a_quiet_window_percentile_barely_moves_a_tail_factor() -> None:
+    # A p99 over a handful of requests is about their maximum, not the p99: it teaches the tail in
+    # proportion to the requests the window holds beyond the percentile (100 for full weight).
+    context = _context()
+    shape = RequestShape(1024, 256)
+    model = build_replica_model(context.setup)
+    rate = 0.05
+    at = estimate_at_rate(model, shape, rate, 256.0, 0.99)
+
+    def tail_after(window_requests: float | None) -> float:
+        sample = CalibrationSample(shape=shape, quantile=0.99, running_per_replica=float(at.running_seqs),
+                                   rate_per_replica=rate, slots=256.0, tpot_mean_s=float(at.tpot_mean_s),
+                                   ttft_quantile_s=0.5 * float(at.ttft_quantile_s), window_requests=window_requests)
+        return calibrate(Calibration(), context.setup, sample).ttft_tail_factor
+
+    assert tail_after(2.0) == pytest.approx(1.0, abs=0.02)  # two requests: 2% of a full update
+    assert tail_after(20.0) < tail_after(2.0)
+    assert tail_after(100.0) == pytest.approx(tail_after(None)) == pytest.approx(tail_after(5000.0))
+    assert tail_after(100.0) < 0.85  # a full update: 0.5 ** SMOOTHING
+    # The policy counts the window's requests: its rate over its window, on every replica.
+    observed = build_calibration_sample(context, replace(_load(0.5), window_s=60.0), prefill_mean_s=None)
+    assert observed.window_requests == pytest.approx(30.0)
+
+
 def test_a_light_load_still_measures_decode_speed() -> None:
     context = _context()
     shape = RequestShape(1024, 256)

@@ -12,7 +12,11 @@ efficiency (kvscale.autoscaler.engine_work); each factor the counters cannot tel
 the latency fit, and without the counters the fit is exactly the latency one.
 Windows whose arrivals came in bursts (beyond Poisson noise) teach only the request shape: their
 prompts shared steps far more than the mean rate says, and fitting speed to them reads a burst as
-slow hardware (the policy sizes for bursts separately).
+slow hardware (the policy sizes for bursts separately). For the same reason windows in which requests
+queued for a slot leave the prefill speed alone: each prompt's prefill time there shares the token
+budget with a backlog's prompts, which the finished rate does not show.
+A percentile teaches the tails in proportion to the requests the window held beyond it: a quiet
+window's p99 over a handful of requests is about their maximum, far below the true percentile.
 Every factor is bounded (one odd sample never swings the model past the bounds) and smoothed in log
 space (a step change is followed within a few cycles without chasing noise).
 """
@@ -50,6 +54,9 @@ MIN_RUNNING_FOR_DECODE_FIT = 0.05
 # Below this share of decode work in the mean inter-token time, TPOT measures prompt stalls (and how
 # bursty arrivals bunch them), not decode speed: such windows leave the decode factor alone.
 MIN_DECODE_SHARE_FOR_FIT = 0.5
+# A window's percentile updates a tail factor with full weight (SMOOTHING) once the window holds this many
+# requests beyond the percentile in expectation (100 requests for a p99), in proportion below that.
+TAIL_EVIDENCE_REQUESTS = 1.0
 
 
 @dataclass(frozen=True)
@@ -70,11 +77,24 @@ class CalibrationSample:
     bursty: bool = False  # arrivals clustered beyond Poisson noise: prompts shared the token budget
     # and steps far more than the window's mean rate says, so its means and percentiles measure the
     # burst (which the policy sizes for separately), not the servers' speed or tails
+    # requests waited for a slot (a queue on the replicas, or one drained in the window): prompts competed
+    # with a backlog's for the token budget, so their prefill time measures the backlog, not the hardware
+    queued: bool = False
     prefix_cache_hit_rate: float | None = None  # measured in this window (the shape holds the one assumed)
     engine_work: EngineWork | None = None  # the engine's own work counters, per GPU; None: not exported
     # Finished requests (all replicas) new since the previous sample, whose lengths the shape's means are
     # over; None: unknown, and the shape is smoothed per window (SMOOTHING).
     new_requests: float | None = None
+    # Finished requests (all replicas) the window's percentiles are over; None: unknown (full weight).
+    window_requests: float | None = None
+
+    @property
+    def tail_weight(self) -> float:
+        """The share of SMOOTHING this window's percentiles carry (TAIL_EVIDENCE_REQUESTS)."""
+        if self.window_requests is None:
+            return 1.0
+        beyond = self.window_requests * (1.0 - self.quantile)
+        return min(max(beyond / TAIL_EVIDENCE_REQUESTS, 0.0), 1.0)
 
 
 @dataclass(frozen=True)
@@ -119,10 +139,13 @@ def _bounded(value: float, bounds: tuple[float, float]) -> float:
     return min(max(value, bounds[0]), bounds[1])
 
 
-def _smoothed(previous: float, target: float, first: bool, bounds: tuple[float, float]) -> float:
+def _smoothed(previous: float, target: float, first: bool, bounds: tuple[float, float], weight: float = 1.0,
+              ) -> float:
+    """`previous` moved towards `target` by SMOOTHING (times `weight`, the sample's evidence) in log space."""
     if first and bounds is SPEED_BOUNDS:
         return _bounded(target, bounds)  # speed: trust the first sample; tails: always approach from 1
-    log_value = (1 - SMOOTHING) * math.log(previous) + SMOOTHING * math.log(_bounded(target, bounds))
+    step = SMOOTHING * weight
+    log_value = (1 - step) * math.log(previous) + step * math.log(_bounded(target, bounds))
     return _bounded(math.exp(log_value), bounds)
 
 
@@ -176,7 +199,7 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
     if sample.prefill_mean_s:
         predicted_prefill = estimate_at_observed_load(model, sample.shape, running, rate or 0.0).prefill_s
         ttft_error = (predicted_prefill - sample.prefill_mean_s) / sample.prefill_mean_s * 100.0
-        if counter_prefill is None:
+        if counter_prefill is None and not sample.queued:
             prefill = _smoothed(previous.prefill_factor, previous.prefill_factor * predicted_prefill
                                 / sample.prefill_mean_s, first, SPEED_BOUNDS)
     if counter_prefill is not None:
@@ -202,10 +225,10 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
         at = estimate_at_rate(calibrated, sample.shape, rate, sample.slots, sample.quantile)
         if sample.tpot_quantile_s and bool(at.stable) and float(at.tpot_quantile_s) > 0:
             tpot_tail = _smoothed(previous.tpot_tail_factor, sample.tpot_quantile_s / float(at.tpot_quantile_s),
-                                  first, TAIL_BOUNDS)
+                                  first, TAIL_BOUNDS, sample.tail_weight)
         if sample.ttft_quantile_s and bool(at.stable) and float(at.ttft_quantile_s) > 0:
             ttft_tail = _smoothed(previous.ttft_tail_factor, sample.ttft_quantile_s / float(at.ttft_quantile_s),
-                                  first, TAIL_BOUNDS)
+                                  first, TAIL_BOUNDS, sample.tail_weight)
     return _with_shape(replace(
         previous, decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
         ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,

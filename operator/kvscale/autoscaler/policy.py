@@ -240,6 +240,7 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         shape = replace(shape, input_tokens_tail=max(observation.input_tokens_quantile, shape.input_tokens))
     rate = observation.request_rate
     bursty = rate is not None and _burst_excess(observation, rate) > 0.0
+    queued = (observation.waiting_requests or 0.0) / pods >= 1.0 or _drained_a_backlog(observation, context.spec)
     return CalibrationSample(
         shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running / pods,
         rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
@@ -248,12 +249,11 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         # Windows with a replica starting are left out too. Its pod serves no /metrics yet, so the
         # per-pod figures would be the serving pods' own, but taking those windows (a ramp's, a burst's
         # aftermath) cost 2 points of attainment on the bursty code trace (docs/operator.md).
-        steady=(observation.waiting_requests or 0.0) / pods < 1.0
-        and context.ready_replicas >= context.current_replicas
-        and not _drained_a_backlog(observation, context.spec),
+        steady=not queued and context.ready_replicas >= context.current_replicas, queued=queued,
         prefix_cache_hit_rate=observation.prefix_cache_hit_rate, engine_work=_engine_work(observation),
         # Windows overlap when decisions come faster than a window: the requests new since the last one.
-        new_requests=None if rate is None else rate * min(observation.window_s, context.decision_interval_s))
+        new_requests=None if rate is None else rate * min(observation.window_s, context.decision_interval_s),
+        window_requests=None if rate is None else rate * observation.window_s)
 
 
 def _drained_a_backlog(observation: Observation, spec: LLMDeploymentSpec) -> bool:

@@ -2,32 +2,53 @@
 
 Run from the repository root:
     .venv/bin/python docs/experiments/burst_rules_seeds.py "autoscaling-code.yaml|azure-code|0.75;..." 1,2,3,4
-Each case is resource (in benchmarks/data) | trace | speed-up; POLICY=static-peak for static-peak, TAG=x labels the rows.
+Each case is resource (in benchmarks/data) | trace | speed-up.
+POLICY=static-peak runs static-peak; TAG=x labels the rows.
 """
-import sys, os
-sys.path.insert(0, 'benchmarks')
-from dataclasses import replace
-from concurrent.futures import ProcessPoolExecutor
+
 import collections
-def one(job):
-    resource, trace_name, speed, seed = job
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+
+sys.path.insert(0, "benchmarks")
+
+Case = tuple[str, str, float]
+
+
+def one(job: tuple[str, str, float, int]) -> tuple[Case, int, float, float]:
     from autoscaling import CONFIG, DATA
     from kvscale.cli.simulate_cmd import load_deployment, load_trace, run_simulation
-    dep = load_deployment(DATA / resource)
+
+    resource, trace_name, speed, seed = job
+    deployment = load_deployment(DATA / resource)
     trace = load_trace(trace_name).sped_up(speed)
-    cfg = replace(CONFIG, seed=seed, server_form=replace(CONFIG.server_form, seed=seed))
-    m = run_simulation(dep, trace, os.environ.get('POLICY', 'kvscale'), config=cfg).metrics
-    return (resource, trace_name, speed), seed, 100*m['slo_attainment'], m['gpu_hours']
-# args: "resource|trace|speed;..." seeds
-cases = [tuple(c.split("|")) for c in sys.argv[1].split(";")]
-cases = [(r, t, float(s)) for r, t, s in cases]
-seeds = [int(x) for x in sys.argv[2].split(",")]
-jobs = [(*c, s) for c in cases for s in seeds]
-acc = collections.defaultdict(list)
-with ProcessPoolExecutor(2) as ex:
-    for key, seed, a, g in ex.map(one, jobs):
-        acc[key].append((a, g))
-tag = os.environ.get("TAG", "")
-for c in cases:
-    v = acc[c]
-    print(f"{tag:8s} {c[0]:28s} {c[1][:40]:40s} x{c[2]:g} att {sum(a for a,_ in v)/len(v):6.2f}% gpuh {sum(g for _,g in v)/len(v):7.2f}  " + " ".join(f"{a:.2f}/{g:.1f}" for a, g in v), flush=True)
+    config = replace(CONFIG, seed=seed, server_form=replace(CONFIG.server_form, seed=seed))
+    metrics = run_simulation(deployment, trace, os.environ.get("POLICY", "kvscale"), config=config).metrics
+    return (resource, trace_name, speed), seed, 100 * metrics["slo_attainment"], metrics["gpu_hours"]
+
+
+def main() -> None:
+    cases: list[Case] = []
+    for text in sys.argv[1].split(";"):
+        resource, trace_name, speed = text.split("|")
+        cases.append((resource, trace_name, float(speed)))
+    seeds = [int(x) for x in sys.argv[2].split(",")]
+    jobs = [(*case, seed) for case in cases for seed in seeds]
+    runs: dict[Case, list[tuple[float, float]]] = collections.defaultdict(list)
+    with ProcessPoolExecutor(2) as pool:
+        for case, _, attainment, gpu_hours in pool.map(one, jobs):
+            runs[case].append((attainment, gpu_hours))
+    tag = os.environ.get("TAG", "")
+    for case in cases:
+        got = runs[case]
+        mean_attainment = sum(a for a, _ in got) / len(got)
+        mean_gpu_hours = sum(g for _, g in got) / len(got)
+        per_seed = " ".join(f"{a:.2f}/{g:.1f}" for a, g in got)
+        print(f"{tag:8s} {case[0]:28s} {case[1][:40]:40s} x{case[2]:g} att {mean_attainment:6.2f}% "
+              f"gpuh {mean_gpu_hours:7.2f}  {per_seed}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

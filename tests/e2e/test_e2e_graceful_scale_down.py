@@ -57,20 +57,22 @@ def test_scale_down_under_load_removes_the_idle_most_replicas_and_drops_no_reque
         source = PrometheusSource(stack.prometheus.url)
         key = DeploymentKey(stack.namespace, name)
 
-        clear_since: list[float] = []
+        clear_since: float | None = None
 
         def loads_seen() -> dict[str, float] | None:
+            nonlocal clear_since
             loads = source.in_flight_by_pod([key]).get(key, {})
             others = [loads.get(s.pod, 0.0) for s in sims[1:]]
             clear = len(loads) == REPLICAS and min(others) > 0.5 and loads[busiest.pod] > 1.5 * max(others)
             if not clear:
-                clear_since.clear()
+                clear_since = None
                 return None
             # The operator writes the costs from its last resync's figures, not from this read: the loads
             # must have been clear for a resync and a scrape before the scale-down (seen once, at the start
             # of the streams, the figures a resync earlier could still tie, and the ReplicaSet then picks).
-            clear_since[:] = clear_since or [time.monotonic()]
-            return loads if time.monotonic() - clear_since[0] >= 3 * SCAN_INTERVAL_S else None
+            if clear_since is None:
+                clear_since = time.monotonic()
+            return loads if time.monotonic() - clear_since >= 3 * SCAN_INTERVAL_S else None
 
         loads = wait_until(loads_seen, 90, "every replica busy in Prometheus, the busiest clearly so for 3 resyncs")
         scaled_at = everyone.elapsed()

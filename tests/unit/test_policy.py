@@ -19,8 +19,9 @@ from kvscale.autoscaler import (
     decide,
 )
 from kvscale.autoscaler.calibration import SHAPE_MEMORY_REQUESTS, SMOOTHING, shape_weight
-from kvscale.autoscaler.forecast import Forecaster
+from kvscale.autoscaler.forecast import BUCKET_S, Forecaster, ForecastState, forecasts_from
 from kvscale.autoscaler.policy import (
+    PATTERN_MAX_PERIOD_S,
     ScaleDecision,
     _with_assumed_tail,
     build_calibration_sample,
@@ -653,3 +654,73 @@ def test_the_request_shape_is_a_mean_over_requests_not_over_windows() -> None:
     assert calibrate(replace(full, shape_requests=None), context.setup, window(0.1, 8000)).input_tokens \
         == pytest.approx(2000 + 3 / 1003 * 6000)
     assert shape_weight(None, requests_seen=300.0) == SMOOTHING and shape_weight(None, requests_seen=0.0) == 1.0
+
+
+def _recurring(period_s: float, peaks: int, *, base: float, peak: float, step_s: float = 30.0,
+               peak_s: float = 60.0, start: float = NOW) -> ScalingHistory:
+    """Arrivals every `step_s` into the forecasts' minutes: `base`, and `peak` for `peak_s` from `start`
+    + `period_s`/2 on, `period_s` apart (a load at its base before the first peak)."""
+    forecasts = ForecastState()
+    for k in range(int((peaks + 0.5) * period_s / step_s) + 2):
+        t = start + k * step_s
+        forecasts = forecasts.observe(t, peak if (t - start - period_s / 2) % period_s < peak_s
+                                      and t >= start + period_s / 2 else base)
+    return ScalingHistory(forecasts=forecasts)
+
+
+def test_peaks_that_recur_regularly_show_their_period_and_others_do_not() -> None:
+    regular = _recurring(420.0, 3, base=1.0, peak=6.0)
+    assert regular.forecasts.bucket_index is not None
+    now_s = regular.forecasts.bucket_index * BUCKET_S
+    assert regular.recurrence_s(now_s) == 420.0
+    # It survives a restart: the minutes read back from Prometheus show the same pattern.
+    minutes = [(NOW + 60.0 * k, rate) for k, rate in enumerate(regular.forecasts.day)]
+    restarted = ScalingHistory(forecasts=forecasts_from([*minutes, (now_s, 1.0)]))
+    assert restarted.recurrence_s(now_s) == 420.0
+    # One peak is no pattern; nor a flat load; nor one whose peaks stopped coming two periods ago.
+    once = _recurring(420.0, 1, base=1.0, peak=6.0)
+    assert once.recurrence_s(now_s) is None
+    assert _recurring(420.0, 3, base=1.0, peak=1.0).recurrence_s(now_s) is None
+    assert regular.recurrence_s(now_s + 3 * 420.0) is None
+    # Nor peaks at random: gaps of 120 and 900 s differ by more than PATTERN_REGULARITY.
+    uneven = ForecastState()
+    for t in range(0, 1500, 30):
+        uneven = uneven.observe(NOW + t, 6.0 if t in (60, 180, 1080) else 1.0)
+    assert ScalingHistory(forecasts=uneven).recurrence_s(NOW + 1470) is None
+    # Nor peaks further apart than PATTERN_MAX_PERIOD_S.
+    sparse = _recurring(PATTERN_MAX_PERIOD_S + 300.0, 2, base=1.0, peak=6.0)
+    assert sparse.forecasts.bucket_index is not None
+    assert sparse.recurrence_s(sparse.forecasts.bucket_index * BUCKET_S) is None
+
+
+def test_a_recurring_peak_keeps_a_fleet_standing_beyond_the_window_sized_by_throughput() -> None:
+    context = _context(current=2, max_replicas=200, scale_down_stabilization_seconds=300)
+    goodput = _goodput(context)
+    base, peak = goodput, 8 * goodput
+    # Two peaks 420 s apart, seen by the policy's own decisions; then the calm after the second.
+    history = ScalingHistory()
+    current = 2
+    for k in range(31):
+        t = NOW + 30 * k
+        rate = peak if k in (2, 3, 16, 17) else base
+        decision = decide(_load(rate, at=t), replace(context, current_replicas=current, ready_replicas=current),
+                          history, t)
+        history, current = decision.history, decision.desired_replicas
+    at_peak = max(r for _, r in history.recommendations)
+    assert history.recurrence_s(NOW + 30 * 30) == 420.0
+    # 420 s after the second peak, beyond the 300-s window: replicas stand for the next one, at most as
+    # many as the peak asked for, sized by throughput (more requests per replica than goodput allows).
+    assert current > 1 and current <= at_peak
+    held = decide(_load(base, at=NOW + 930), replace(context, current_replicas=at_peak, ready_replicas=at_peak),
+                  history, NOW + 930)
+    throughput = replica_throughput(context, _with_assumed_tail(RequestShape(1024, 256), context.spec))
+    assert held.binding == "pattern" and "peaks recur every 420 s" in held.reason
+    assert held.desired_replicas >= math.ceil(peak * 1.1 / throughput - 1e-9)
+    # Without the pattern (one peak only), the same calm goes down to what it needs after the window.
+    once = ScalingHistory()
+    for k in range(20):
+        t = NOW + 30 * k
+        once = decide(_load(peak if k in (2, 3) else base, at=t), context, once, t).history
+    alone = decide(_load(base, at=NOW + 600), replace(context, current_replicas=at_peak, ready_replicas=at_peak),
+                   once, NOW + 600)
+    assert alone.binding != "pattern" and alone.desired_replicas < at_peak

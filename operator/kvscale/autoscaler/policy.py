@@ -12,7 +12,8 @@ Ready replica has a queue and none is starting, the arrivals now count the queue
 previous decision (a surge's first seconds; a minute's average trails them by a replica per decision). Breaches of
 the observed percentile TTFT/TPOT beyond a 10% tolerance or a growing queue add replicas. Scale-up
 is fast (its stabilization window defaults to zero) and bounded per step; scale-down waits for its
-window and then steps down gently, and not at all while the load climbs. Missing, stale or implausible
+window and then steps down gently, not at all while the load climbs, and where demand peaks recur,
+not below a fleet sized for the last peak until one period and a start-up after it. Missing, stale or implausible
 metrics never scale down. The
 operator (in Auto or Recommend mode) and the simulator call this same function.
 """
@@ -63,6 +64,17 @@ RISING_BUCKETS = 3
 # saturation rate, so the queue stays bounded and the fleet still follows the load (holding it instead
 # kept a surge's replicas for good once the surge had gone).
 UNATTAINABLE_SLO_LOAD = 0.8
+# Recurring peaks (a batch job every few minutes, a surge every quarter hour) come back sooner than the
+# scale-down window lets a fleet stand, and each return then waits for a start-up. Demand is kept this
+# long to see such a pattern; a pattern is peaks above PATTERN_PEAK_FACTOR x the median demand (and Poisson
+# noise), at least PATTERN_MIN_PEAKS of them at most PATTERN_MAX_PERIOD_S apart, whose gaps differ by at
+# most PATTERN_REGULARITY x. Two peaks suffice: on an hour of 15-minute surges a third comes too late to
+# matter (tuned on the spikes and surges cases, docs/benchmarks.md).
+PATTERN_MEMORY_S = 3_600.0
+PATTERN_PEAK_FACTOR = 1.5
+PATTERN_MIN_PEAKS = 2
+PATTERN_MAX_PERIOD_S = 1_800.0
+PATTERN_REGULARITY = 2.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +114,7 @@ class ScalingHistory:
 
     def with_demand(self, now_s: float, arrivals: float, in_flight: float, burst_arrivals: float = 0.0,
                     memory_s: float = DEMAND_MEMORY_S) -> ScalingHistory:
-        kept = tuple(d for d in self.demands if now_s - d[0] <= max(DEMAND_MEMORY_S, memory_s))
+        kept = tuple(d for d in self.demands if now_s - d[0] <= max(DEMAND_MEMORY_S, memory_s, PATTERN_MEMORY_S))
         return replace(self, demands=(*kept, (now_s, arrivals, in_flight, max(burst_arrivals, 0.0))))
 
     def arrivals(self, now_s: float, finished_rate: float, in_flight: float, saturated: bool = False) -> float:
@@ -138,6 +150,34 @@ class ScalingHistory:
         return max((b for t, b in remembered
                     if now_s - t <= lookback_s and b > self.level_between(t - rate_window_s, now_s)), default=0.0)
 
+    def recurrence_s(self, now_s: float) -> float | None:
+        """The period of recurring demand peaks over the last PATTERN_MEMORY_S (the longest gap between
+        their starts), or None where no regular pattern shows: fewer than PATTERN_MIN_PEAKS peaks, or gaps
+        too uneven (bursts at random are the burst terms' business; holding for their longest gap holds
+        a fleet for nothing). Read off the forecasts' one-minute arrival buckets, which a restarted
+        operator seeds from Prometheus: the pattern survives a restart. A peak is a minute above
+        PATTERN_PEAK_FACTOR x the median minute and beyond Poisson noise; its start, the first such
+        minute after one below it."""
+        forecasts = self.forecasts
+        if forecasts.bucket_index is None:
+            return None
+        minutes = forecasts.day[-int(PATTERN_MEMORY_S // BUCKET_S):]
+        first = forecasts.bucket_index - len(minutes)
+        if len(minutes) < 2 * PATTERN_MIN_PEAKS:
+            return None
+        median = float(np.median(minutes))
+        threshold = max(PATTERN_PEAK_FACTOR * median,
+                        median + POISSON_PEAK_SIGMAS * math.sqrt(max(median, 0.0) / BUCKET_S))
+        starts = [(first + i + 1) * BUCKET_S for i, (before, rate) in enumerate(pairwise(minutes))
+                  if rate > threshold >= before]
+        if len(starts) < PATTERN_MIN_PEAKS:
+            return None
+        gaps = [b - a for a, b in pairwise(starts)]
+        if (max(gaps) > PATTERN_MAX_PERIOD_S or max(gaps) > PATTERN_REGULARITY * min(gaps)
+                or now_s - starts[-1] > PATTERN_REGULARITY * max(gaps)):
+            return None
+        return max(gaps)
+
     def with_ready(self, now_s: float, ready: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.ready_seen if now_s - t <= DEMAND_MEMORY_S)
         return replace(self, ready_seen=(*kept, (now_s, ready)))
@@ -164,7 +204,8 @@ class ScaleDecision:
     recommended_replicas: int
     reason: str
     action: str  # scale-up, scale-down, hold
-    binding: str  # demand, ttft, tpot, queue, min-replicas, max-replicas, capacity, metrics, stabilization, trend
+    # demand, ttft, tpot, queue, min-replicas, max-replicas, capacity, metrics, stabilization, trend, pattern
+    binding: str
     metrics_problem: str | None = None
     capacity_limited: bool = False
     goodput_requests_per_s: float | None = None  # per replica, calibrated
@@ -443,6 +484,30 @@ def _tpot_for_breach(observation: Observation, percentile: str) -> tuple[float |
     return None, ""
 
 
+def _pattern_floor(context: ReplicaContext, history: ScalingHistory, now_s: float, shape: RequestShape,
+                   model: ReplicaModel) -> tuple[int, str] | None:
+    """(replicas, why) to keep standing where demand peaks recur (ScalingHistory.recurrence_s): enough for
+    the last peak at UNATTAINABLE_SLO_LOAD of a replica's throughput, for one period plus a start-up. The
+    next peak then meets a fleet that absorbs its queue, not one that starts replicas only as it ends;
+    sized by throughput, not goodput, since a peak of seconds to minutes is a transient queue the
+    standing fleet drains, not a steady load. Never more than the hold window recommended."""
+    period_s = history.recurrence_s(now_s)
+    if period_s is None:
+        return None
+    hold_s = period_s + context.startup_s + context.decision_interval_s
+    # The decisions' demands (with their queue) where this process saw them; the minutes a restart read back
+    minutes = history.forecasts.day[-math.ceil(hold_s / BUCKET_S):]
+    peak = max([max(d, b) for t, d, _, b in history.demands if now_s - t <= hold_s] + list(minutes))
+    throughput = replica_throughput(context, shape, model)
+    if peak <= 0.0 or throughput <= 0.0:
+        return None
+    replicas = math.ceil(peak * (1.0 + context.spec.scaling.headroom) / throughput - 1e-9)
+    replicas = min(replicas, max(history.within(now_s, hold_s), default=0))
+    return replicas, (f"peaks recur every {period_s:.0f} s: {replicas} replica(s) stand for the last one "
+                      f"of the last {hold_s:.0f} s (one period and a start-up), {peak:.2f} req/s at {throughput:.2f} "
+                      "req/s per replica")
+
+
 def decide(observation: Observation | None, context: ReplicaContext, history: ScalingHistory,
            now_s: float) -> ScaleDecision:
     spec = context.spec
@@ -494,6 +559,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         desired = max(current, min(window))  # HPA: the lowest recommendation of the up-window
         desired = min(desired, current + max(MAX_SCALE_UP_STEP, current))
     elif recommended < current:
+        patterned = False
         window = history.within(now_s, spec.scaling.scale_down_stabilization_seconds)
         known_since = history.started_at_s if history.started_at_s is not None else now_s
         rise = _trend_rise(history.forecasts, arrivals)
@@ -505,9 +571,15 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
                            f"{forecast.horizon_s:.0f} s)")
         else:
             desired = min(current, max(window))  # HPA: the highest recommendation of the down-window
+            standing = _pattern_floor(context, history, now_s, shape, model)
+            if standing is not None and standing[0] > desired:
+                desired, patterned = min(current, standing[0]), True
+                reasons.append(standing[1])
         desired = max(desired, current - max(1, math.floor(current * MAX_SCALE_DOWN_FRACTION)))
         if desired == current and rise is not None:
             binding = "trend"
+        elif patterned:
+            binding = "pattern"
         elif desired == current:
             binding = "stabilization"
             reasons.append(f"scale-down waits for the {spec.scaling.scale_down_stabilization_seconds} s window")

@@ -65,9 +65,10 @@ RISING_BUCKETS = 3
 # kept a surge's replicas for good once the surge had gone).
 UNATTAINABLE_SLO_LOAD = 0.8
 # Recurring peaks (a batch job every few minutes, a surge every quarter hour) come back sooner than the
-# scale-down window lets a fleet stand, and each return then waits for a start-up. Demand is kept this
-# long to see such a pattern; a pattern is peaks above PATTERN_PEAK_FACTOR x the median demand (and Poisson
-# noise), at least PATTERN_MIN_PEAKS of them at most PATTERN_MAX_PERIOD_S apart, whose gaps differ by at
+# scale-down window lets a fleet stand, and each return then waits for a start-up. The last
+# PATTERN_MEMORY_S of arrival minutes are searched for such a pattern (and the decisions' demands kept as
+# long, for the size of its peaks): minutes above PATTERN_PEAK_FACTOR x the median minute (and Poisson
+# noise), at least PATTERN_MIN_PEAKS peaks at most PATTERN_MAX_PERIOD_S apart, whose gaps differ by at
 # most PATTERN_REGULARITY x. Two peaks suffice: on an hour of 15-minute surges a third comes too late to
 # matter (tuned on the spikes and surges cases, docs/benchmarks.md).
 PATTERN_MEMORY_S = 3_600.0

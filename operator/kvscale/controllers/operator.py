@@ -46,6 +46,13 @@ LIVENESS_INTERVALS = 3
 # and a bit, so that the daily season (one day to learn, then scored) is there again at once.
 FORECAST_HISTORY_S = 2.5 * 86_400.0
 LIVENESS_MIN_STALL_S = 60.0
+# The pods' requests in flight, read each resync, rank the pods of a scale-down (pod-deletion-cost) while
+# younger than this many intervals and at least IN_FLIGHT_MIN_AGE_S: a pass on a loaded control plane
+# takes longer than an interval, and figures left out then leave the pick to the ReplicaSet's own ranking,
+# while a count of requests that last tens of seconds still ranks the pods half a minute later (on the
+# bed's 2-s interval, a bound of two intervals alone dropped the costs of one cold CI's scale-down).
+IN_FLIGHT_INTERVALS = 2
+IN_FLIGHT_MIN_AGE_S = 30.0
 # Handlers are I/O-bound (API calls); kopf's default pool (CPUs + 4) starves a burst of resources.
 HANDLER_WORKERS = 8
 
@@ -62,6 +69,11 @@ class OperatorConfig:
     peering_lifetime_s: int = DEFAULT_PEERING_LIFETIME_S  # a peer silent for longer is dead: the handover bound
     metrics_port: int | None = None  # the operator's own /metrics
     liveness_stall_s: float | None = None  # None: max(LIVENESS_INTERVALS x scan interval, LIVENESS_MIN_STALL_S)
+
+    @property
+    def in_flight_max_age_s(self) -> float:
+        """How old the pods' requests in flight may be to rank the pods of a scale-down."""
+        return max(IN_FLIGHT_INTERVALS * self.scan_interval_s, IN_FLIGHT_MIN_AGE_S)
 
     @property
     def stall_limit_s(self) -> float:
@@ -153,9 +165,9 @@ class OperatorState:
             return outcome
 
     def _in_flight(self, key: tuple[str, str]) -> dict[str, float] | None:
-        """The pods' requests in flight from the last resync, unless older than two of its intervals."""
+        """The pods' requests in flight from the last resync, unless older than `in_flight_max_age_s`."""
         read = self.in_flight.get(key)
-        if read is None or time.monotonic() - read[0] > 2 * self.config.scan_interval_s:
+        if read is None or time.monotonic() - read[0] > self.config.in_flight_max_age_s:
             return None
         return read[1]
 

@@ -694,7 +694,8 @@ def test_peaks_that_recur_regularly_show_their_period_and_others_do_not() -> Non
 
 
 def test_a_recurring_peak_keeps_a_fleet_standing_beyond_the_window_sized_by_throughput() -> None:
-    context = _context(current=2, max_replicas=200, scale_down_stabilization_seconds=300)
+    # Replicas start within 30 s, so minute-long peaks are longer than a start-up (short ones: the tests below).
+    context = replace(_context(current=2, max_replicas=200, scale_down_stabilization_seconds=300), startup_s=30.0)
     goodput = _goodput(context)
     base, peak = goodput, 8 * goodput
     # Two peaks 420 s apart, seen by the policy's own decisions; then the calm after the second.
@@ -724,3 +725,73 @@ def test_a_recurring_peak_keeps_a_fleet_standing_beyond_the_window_sized_by_thro
     alone = decide(_load(base, at=NOW + 600), replace(context, current_replicas=at_peak, ready_replicas=at_peak),
                    once, NOW + 600)
     assert alone.binding != "pattern" and alone.desired_replicas < at_peak
+
+
+def _served(history: ScalingHistory, *peaks: tuple[tuple[float, float], int, float]) -> ScalingHistory:
+    """`history` with one decision inside each given peak: (its (start_s, end_s), Ready replicas, worst SLO ratio)."""
+    return replace(history, ready_seen=tuple((start + 30.0, ready, ratio) for (start, _), ready, ratio in peaks))
+
+
+def test_short_recurring_peaks_learn_the_fleet_that_served_them() -> None:
+    history = _recurring(420.0, 3, base=1.0, peak=6.0)
+    assert history.forecasts.bucket_index is not None
+    pattern = history.peak_pattern(history.forecasts.bucket_index * BUCKET_S)
+    assert pattern is not None and pattern.period_s == 420.0 and pattern.ongoing_s == 0.0
+    # One-minute peaks are shorter than a 2-minute start-up, not than a 30-s one.
+    assert pattern.short(startup_s=120.0) and not pattern.short(startup_s=30.0)
+    first, last = pattern.peaks[-2], pattern.peaks[-1]
+
+    def fleet(*peaks: tuple[tuple[float, float], int, float]) -> int:
+        learned = _served(history, *peaks).peak_fleet(pattern, 60.0)
+        assert learned is not None
+        return learned[0]
+
+    # A breach asks for more: its ratio (at most 2x) times the Ready fleet, and at least one more ...
+    assert fleet((last, 3, 1.5)) == 5
+    assert fleet((last, 3, 1.15)) == 4
+    assert fleet((last, 3, 9.0)) == 6
+    # ... but no more than a fleet seen holding a peak.
+    assert fleet((first, 4, 0.9), (last, 3, 1.8)) == 4
+    # A peak held lowers it towards the share of the SLO it used, by at most a quarter per peak ...
+    assert fleet((last, 8, 0.3)) == 6
+    assert fleet((last, 8, 0.8)) == 7
+    assert fleet((last, 4, 1.05)) == 4  # within the breach tolerance: held
+    # ... and never to a fleet that breached at a peak of the last hour.
+    assert fleet((first, 4, 1.3), (last, 5, 0.5)) == 5
+    # The fleet that served a peak is the fewest Ready over its windows: replicas Ready after it did not.
+    (start, end) = last
+    both = replace(history, ready_seen=((start + 30.0, 3, 1.5), (end + 30.0, 7, 0.2)))
+    assert both.peak_fleet(pattern, 60.0) == (5, "the last peak breached (worst window 1.50x its SLO) with 3 Ready",
+                                              False)
+    # Nothing seen served (an operator restarted since): nothing learned.
+    assert history.peak_fleet(pattern, 60.0) is None
+
+
+def test_a_short_recurring_peak_meets_the_standing_fleet_and_starts_no_replica_that_would_miss_it() -> None:
+    context = _context(current=5, max_replicas=200, scale_down_stabilization_seconds=300)
+    goodput = _goodput(context)
+    peaks = _recurring(420.0, 3, base=goodput, peak=8 * goodput)
+    assert peaks.forecasts.bucket_index is not None
+    pattern = peaks.peak_pattern(peaks.forecasts.bucket_index * BUCKET_S)
+    assert pattern is not None
+    # The last peak breached with 3 Ready, the one before held with 5: 5 stand for the next, which is under
+    # way (its minute still open).
+    history = _served(peaks, (pattern.peaks[-2], 5, 0.9), (pattern.peaks[-1], 3, 1.5))
+    at_s = NOW + 1500.0
+    at_peak = decide(_load(8 * goodput, at=at_s), context, history, at_s)
+    assert at_peak.recommended_replicas > 5
+    assert at_peak.desired_replicas == 5 and at_peak.action == "hold" and at_peak.binding == "pattern"
+    assert "recur every 420 s, shorter than a start-up (120 s): 5 replica(s) stand for the next one" in at_peak.reason
+    # Between peaks a smaller fleet is raised to it, and a larger one goes down to it (a quarter at a time).
+    calm = decide(_load(goodput, at=at_s), replace(context, current_replicas=2, ready_replicas=2), history, at_s)
+    assert calm.desired_replicas == 5 and calm.action == "scale-up" and calm.binding == "pattern"
+    # Measured start-ups shorter than the peaks: replicas asked for at a peak serve it, and are asked for.
+    fast = decide(_load(8 * goodput, at=at_s), replace(context, startup_s=30.0), history, at_s)
+    assert fast.desired_replicas > 5 and fast.binding != "pattern"
+    # A load that outlasts the pattern's peaks is not one of them: it is scaled for.
+    lasting = history
+    for k in range(6):
+        lasting = replace(lasting, forecasts=lasting.forecasts.observe(at_s + 30.0 * k, 8 * goodput))
+    later_s = at_s + 180.0
+    outlasting = decide(_load(8 * goodput, at=later_s), context, lasting, later_s)
+    assert outlasting.desired_replicas > 5 and outlasting.binding != "pattern"

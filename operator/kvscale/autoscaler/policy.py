@@ -13,7 +13,9 @@ previous decision (a surge's first seconds; a minute's average trails them by a 
 the observed percentile TTFT/TPOT beyond a 10% tolerance or a growing queue add replicas. Scale-up
 is fast (its stabilization window defaults to zero) and bounded per step; scale-down waits for its
 window and then steps down gently, not at all while the load climbs, and where demand peaks recur,
-not below a fleet sized for the last peak until one period and a start-up after it. Missing, stale or implausible
+not below a fleet sized for the last peak until one period and a start-up after it; where they are
+shorter than a start-up, the fleet stands at what the last peak showed it needs, and no replica that
+would be Ready only after a peak is started for it. Missing, stale or implausible
 metrics never scale down. The
 operator (in Auto or Recommend mode) and the simulator call this same function.
 """
@@ -76,6 +78,11 @@ PATTERN_PEAK_FACTOR = 1.5
 PATTERN_MIN_PEAKS = 2
 PATTERN_MAX_PERIOD_S = 1_800.0
 PATTERN_REGULARITY = 2.0
+# Where the peaks are shorter than a start-up, the fleet that stands for them is learned from how the last
+# peaks were served, and only the last this many bound it: a bursty trace's peaks differ, and an hour of
+# them held the fleet at the hour's worst (code x1 with its peak stated: +10% GPU-hours for -0.16 points;
+# tuned on the tuning cases, docs/benchmarks.md).
+PATTERN_EVIDENCE_PEAKS = 2
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,22 @@ class ReplicaContext:
 
 
 @dataclass(frozen=True)
+class PeakPattern:
+    """Demand peaks that recur (ScalingHistory.peak_pattern), from the forecasts' one-minute buckets."""
+
+    period_s: float  # the longest gap between two peaks' starts
+    length_s: float  # the longest peak (whole minutes above the threshold; a rate window smears a spike over two)
+    ongoing_s: float  # how long the peak under way has lasted (0: none is)
+    peaks: tuple[tuple[float, float], ...]  # (start_s, end_s) of each peak that has ended, oldest first
+
+    def short(self, startup_s: float) -> bool:
+        """Peaks that end before a replica asked for at their start is Ready (the measured start-up), while the
+        one under way, if any, has not outlasted them: replicas added for such a peak serve only the calm
+        after it."""
+        return self.length_s <= startup_s and self.ongoing_s <= self.length_s
+
+
+@dataclass(frozen=True)
 class ScalingHistory:
     """Past recommendations (time_s, replicas), newest last, for the stabilization windows."""
 
@@ -105,8 +128,9 @@ class ScalingHistory:
     # seen, for the trend and the bursts
     demands: tuple[tuple[float, float, float, float], ...] = ()
     forecasts: ForecastState = field(default_factory=ForecastState)  # arrivals, bucketed, and the backtest
-    # (time_s, Ready replicas) at each decision: which fleet served the requests of a rate window
-    ready_seen: tuple[tuple[float, int], ...] = ()
+    # (time_s, Ready replicas, the window's worst percentile over its SLO: TTFT or TPOT, 0 where neither was
+    # observed) at each decision: which fleet served the requests of a rate window, and how well
+    ready_seen: tuple[tuple[float, int, float], ...] = ()
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
@@ -151,14 +175,13 @@ class ScalingHistory:
         return max((b for t, b in remembered
                     if now_s - t <= lookback_s and b > self.level_between(t - rate_window_s, now_s)), default=0.0)
 
-    def recurrence_s(self, now_s: float) -> float | None:
-        """The period of recurring demand peaks over the last PATTERN_MEMORY_S (the longest gap between
-        their starts), or None where no regular pattern shows: fewer than PATTERN_MIN_PEAKS peaks, or gaps
-        too uneven (bursts at random are the burst terms' business; holding for their longest gap holds
-        a fleet for nothing). Read off the forecasts' one-minute arrival buckets, which a restarted
-        operator seeds from Prometheus: the pattern survives a restart. A peak is a minute above
-        PATTERN_PEAK_FACTOR x the median minute and beyond Poisson noise; its start, the first such
-        minute after one below it."""
+    def peak_pattern(self, now_s: float) -> PeakPattern | None:
+        """Recurring demand peaks over the last PATTERN_MEMORY_S, or None where no regular pattern shows:
+        fewer than PATTERN_MIN_PEAKS peaks, or gaps too uneven (bursts at random are the burst terms'
+        business; holding for their longest gap holds a fleet for nothing). Read off the forecasts'
+        one-minute arrival buckets, which a restarted operator seeds from Prometheus: the pattern survives
+        a restart. A peak is a run of minutes above PATTERN_PEAK_FACTOR x the median minute and beyond
+        Poisson noise, which starts after a minute below it."""
         forecasts = self.forecasts
         if forecasts.bucket_index is None:
             return None
@@ -169,24 +192,73 @@ class ScalingHistory:
         median = float(np.median(minutes))
         threshold = max(PATTERN_PEAK_FACTOR * median,
                         median + POISSON_PEAK_SIGMAS * math.sqrt(max(median, 0.0) / BUCKET_S))
-        starts = [(first + i + 1) * BUCKET_S for i, (before, rate) in enumerate(pairwise(minutes))
-                  if rate > threshold >= before]
+        runs: list[tuple[float, float]] = []  # (start_s, end_s) of each peak; the last one's end: now, if open
+        start: int | None = None
+        for i, rate in enumerate(minutes):
+            if rate > threshold and start is None and i > 0 and minutes[i - 1] <= threshold:
+                start = i
+            elif rate <= threshold and start is not None:
+                runs.append(((first + start) * BUCKET_S, (first + i) * BUCKET_S))
+                start = None
+        ongoing_s = 0.0
+        if start is not None:
+            runs.append(((first + start) * BUCKET_S, forecasts.bucket_index * BUCKET_S))
+            ongoing_s = runs[-1][1] - runs[-1][0]
+        starts = [s for s, _ in runs]
         if len(starts) < PATTERN_MIN_PEAKS:
             return None
         gaps = [b - a for a, b in pairwise(starts)]
         if (max(gaps) > PATTERN_MAX_PERIOD_S or max(gaps) > PATTERN_REGULARITY * min(gaps)
                 or now_s - starts[-1] > PATTERN_REGULARITY * max(gaps)):
             return None
-        return max(gaps)
+        closed = runs[:-1] if ongoing_s > 0 else runs
+        return PeakPattern(period_s=max(gaps), length_s=max((e - s for s, e in closed), default=ongoing_s),
+                           ongoing_s=ongoing_s, peaks=tuple(closed))
 
-    def with_ready(self, now_s: float, ready: int) -> ScalingHistory:
-        kept = tuple((t, r) for t, r in self.ready_seen if now_s - t <= DEMAND_MEMORY_S)
-        return replace(self, ready_seen=(*kept, (now_s, ready)))
+    def recurrence_s(self, now_s: float) -> float | None:
+        """The period of recurring demand peaks (the longest gap between their starts), or None."""
+        pattern = self.peak_pattern(now_s)
+        return None if pattern is None else pattern.period_s
+
+    def peak_fleet(self, pattern: PeakPattern, window_s: float) -> tuple[int, str, bool] | None:
+        """(replicas, why, whether any fleet held a peak) for the next of `pattern`'s peaks, learned from how
+        the last one was served: the fewest Ready replicas over its rate windows, and the worst percentile
+        they reported against the SLO. Each of the last PATTERN_EVIDENCE_PEAKS peaks bounds the answer: a
+        fleet that breached one is too small, one that held one is enough. A breach beyond BREACH_TOLERANCE asks
+        for more, as a breach's correction does, but no more than the smallest fleet seen holding a peak;
+        a peak held lowers the fleet towards its share of the SLO used, by at most MAX_SCALE_DOWN_FRACTION
+        per peak, and never to a fleet that breached. None before a peak's decisions were seen (after a
+        restart)."""
+        served = []
+        for start_s, end_s in pattern.peaks:
+            seen = [(r, q) for t, r, q in self.ready_seen if start_s - window_s <= t <= end_s + window_s]
+            if seen:
+                served.append((min(r for r, _ in seen), max(q for _, q in seen)))
+        if not served:
+            return None
+        ready, worst = served[-1]
+        served = served[-PATTERN_EVIDENCE_PEAKS:]
+        breached = [r for r, q in served if q > 1.0 + BREACH_TOLERANCE]
+        held = [r for r, q in served if q <= 1.0 + BREACH_TOLERANCE]
+        if worst > 1.0 + BREACH_TOLERANCE:
+            fleet = max(ready + 1, math.ceil(ready * min(worst, 2.0)))
+            fleet = min([fleet] + [r for r in held if r > ready])
+            how = f"breached (worst window {worst:.2f}x its SLO) with {ready} Ready"
+        else:
+            fleet = min(ready, max(math.ceil(ready * worst - 1e-9),
+                                   ready - max(1, math.floor(ready * MAX_SCALE_DOWN_FRACTION))))
+            how = f"held (worst window {worst:.2f}x its SLO) with {ready} Ready"
+        fleet = max(fleet, max(breached, default=0) + 1, 1)
+        return fleet, f"the last peak {how}", bool(held)
+
+    def with_ready(self, now_s: float, ready: int, slo_ratio: float = 0.0) -> ScalingHistory:
+        kept = tuple(seen for seen in self.ready_seen if now_s - seen[0] <= max(DEMAND_MEMORY_S, PATTERN_MEMORY_S))
+        return replace(self, ready_seen=(*kept, (now_s, ready, slo_ratio)))
 
     def fewest_ready(self, now_s: float, lookback_s: float, ready: int) -> int:
         """The fewest Ready replicas seen at a decision of the last `lookback_s` (and `ready` now): a
         percentile over that window is set by its worst stretch, which that fleet served."""
-        return min([r for t, r in self.ready_seen if now_s - t <= lookback_s] + [ready])
+        return min([r for t, r, _ in self.ready_seen if now_s - t <= lookback_s] + [ready])
 
     def level_between(self, from_s: float, to_s: float) -> float:
         """The highest demand (a window's mean arrivals/s) recorded from `from_s` until before `to_s`: a
@@ -485,6 +557,39 @@ def _tpot_for_breach(observation: Observation, percentile: str) -> tuple[float |
     return None, ""
 
 
+def _slo_ratio(observation: Observation, spec: LLMDeploymentSpec) -> float:
+    """The window's worst observed percentile over its SLO, TTFT or TPOT (as breaches read them); 0 where
+    neither was observed."""
+    ratios = [] if observation.ttft_s is None else [observation.ttft_s * 1000.0 / spec.slo.ttft_ms]
+    tpot_ms, _ = _tpot_for_breach(observation, "")
+    if tpot_ms is not None:
+        ratios.append(tpot_ms / spec.slo.tpot_ms)
+    return max(ratios, default=0.0)
+
+
+def _standing_for_short_peaks(context: ReplicaContext, history: ScalingHistory, now_s: float, window_s: float,
+                              sized: tuple[int, str] | None) -> tuple[int, str] | None:
+    """(replicas, why) to stand where recurring peaks are short (PeakPattern.short): a replica asked for at
+    such a peak is Ready after it, and stands through the calm for the scale-down window, so reacting to
+    each peak pays for replicas that serve none of it. The fleet that serves them is the one that stands
+    when they arrive, learned peak by peak from how the last one was served (ScalingHistory.peak_fleet);
+    until some fleet has held a peak, at least the fleet `sized` by the model for the last peak
+    (_pattern_floor): one breach's ratio is capped at 2x, and a peak of many times the fleet would
+    otherwise take a peak per doubling. None where no such pattern shows, or no peak of it was seen served."""
+    pattern = history.peak_pattern(now_s)
+    if pattern is None or not pattern.short(context.startup_s):
+        return None
+    learned = history.peak_fleet(pattern, window_s)
+    if learned is None:
+        return None
+    replicas, how, any_held = learned
+    if not any_held and sized is not None and sized[0] > replicas:
+        replicas, how = sized[0], f"{how}; sized for it: {sized[1]}"
+    replicas = min(max(replicas, context.spec.scaling.min_replicas), context.spec.scaling.max_replicas)
+    return replicas, (f"peaks of {pattern.length_s:.0f} s recur every {pattern.period_s:.0f} s, shorter than a "
+                      f"start-up ({context.startup_s:.0f} s): {replicas} replica(s) stand for the next one ({how})")
+
+
 def _pattern_floor(context: ReplicaContext, history: ScalingHistory, now_s: float, shape: RequestShape,
                    model: ReplicaModel) -> tuple[int, str] | None:
     """(replicas, why) to keep standing where demand peaks recur (ScalingHistory.recurrence_s): enough for
@@ -540,7 +645,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
     forecast = forecasts.forecast(context.forecaster)
     wanted, binding, reasons = _recommend(observation, context, fleet, goodput, history, arrivals_now, excess, shape,
                                           forecast, slo_attainable)
-    history = history.with_ready(observation.sampled_at_s, context.ready_replicas)
+    history = history.with_ready(observation.sampled_at_s, context.ready_replicas, _slo_ratio(observation, spec))
     demand = arrivals + (observation.waiting_requests or 0.0) / QUEUE_DRAIN_S
     # Remembered for two windows: bursts are held where two or more fall within them.
     history = history.with_demand(observation.sampled_at_s, demand, _in_flight(observation),
@@ -555,6 +660,8 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
 
     current = context.current_replicas
     desired = recommended
+    pattern_floor = _pattern_floor(context, history, now_s, shape, model)
+    short_peaks = _standing_for_short_peaks(context, history, now_s, observation.window_s, pattern_floor)
     if recommended > current:
         window = history.within(now_s, spec.scaling.scale_up_stabilization_seconds)
         desired = max(current, min(window))  # HPA: the lowest recommendation of the up-window
@@ -572,7 +679,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
                            f"{forecast.horizon_s:.0f} s)")
         else:
             desired = min(current, max(window))  # HPA: the highest recommendation of the down-window
-            standing = _pattern_floor(context, history, now_s, shape, model)
+            standing = None if short_peaks is not None else pattern_floor
             if standing is not None and standing[0] > desired:
                 desired, patterned = min(current, standing[0]), True
                 reasons.append(standing[1])
@@ -584,6 +691,10 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         elif desired == current:
             binding = "stabilization"
             reasons.append(f"scale-down waits for the {spec.scaling.scale_down_stabilization_seconds} s window")
+    if short_peaks is not None and (desired < short_peaks[0] or (current < desired and short_peaks[0] < desired)):
+        # Up to the standing fleet, and no further for a peak its replicas would miss; down to it.
+        desired, binding = max(short_peaks[0], min(desired, current)), "pattern"
+        reasons.append(short_peaks[1])
 
     capacity_limited = False
     if desired > current and context.free_replica_slots is not None:

@@ -567,8 +567,8 @@ def _slo_ratio(observation: Observation, spec: LLMDeploymentSpec) -> float:
     return max(ratios, default=0.0)
 
 
-def _standing_for_short_peaks(context: ReplicaContext, history: ScalingHistory, now_s: float, window_s: float,
-                              sized: tuple[int, str] | None) -> tuple[int, str] | None:
+def _standing_for_short_peaks(context: ReplicaContext, history: ScalingHistory, pattern: PeakPattern | None,
+                              window_s: float, sized: tuple[int, str] | None) -> tuple[int, str] | None:
     """(replicas, why) to stand where recurring peaks are short (PeakPattern.short): a replica asked for at
     such a peak is Ready after it, and stands through the calm for the scale-down window, so reacting to
     each peak pays for replicas that serve none of it. The fleet that serves them is the one that stands
@@ -576,7 +576,6 @@ def _standing_for_short_peaks(context: ReplicaContext, history: ScalingHistory, 
     until some fleet has held a peak, at least the fleet `sized` by the model for the last peak
     (_pattern_floor): one breach's ratio is capped at 2x, and a peak of many times the fleet would
     otherwise take a peak per doubling. None where no such pattern shows, or no peak of it was seen served."""
-    pattern = history.peak_pattern(now_s)
     if pattern is None or not pattern.short(context.startup_s):
         return None
     learned = history.peak_fleet(pattern, window_s)
@@ -590,16 +589,16 @@ def _standing_for_short_peaks(context: ReplicaContext, history: ScalingHistory, 
                       f"start-up ({context.startup_s:.0f} s): {replicas} replica(s) stand for the next one ({how})")
 
 
-def _pattern_floor(context: ReplicaContext, history: ScalingHistory, now_s: float, shape: RequestShape,
-                   model: ReplicaModel) -> tuple[int, str] | None:
-    """(replicas, why) to keep standing where demand peaks recur (ScalingHistory.recurrence_s): enough for
+def _pattern_floor(context: ReplicaContext, history: ScalingHistory, pattern: PeakPattern | None, now_s: float,
+                   shape: RequestShape, model: ReplicaModel) -> tuple[int, str] | None:
+    """(replicas, why) to keep standing where demand peaks recur (`pattern`, ScalingHistory.peak_pattern): enough for
     the last peak at UNATTAINABLE_SLO_LOAD of a replica's throughput, for one period plus a start-up. The
     next peak then meets a fleet that absorbs its queue, not one that starts replicas only as it ends;
     sized by throughput, not goodput, since a peak of seconds to minutes is a transient queue the
     standing fleet drains, not a steady load. Never more than the hold window recommended."""
-    period_s = history.recurrence_s(now_s)
-    if period_s is None:
+    if pattern is None:
         return None
+    period_s = pattern.period_s
     hold_s = period_s + context.startup_s + context.decision_interval_s
     # The decisions' demands (with their queue) where this process saw them; the minutes a restart read back
     minutes = history.forecasts.day[-math.ceil(hold_s / BUCKET_S):]
@@ -660,8 +659,9 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
 
     current = context.current_replicas
     desired = recommended
-    pattern_floor = _pattern_floor(context, history, now_s, shape, model)
-    short_peaks = _standing_for_short_peaks(context, history, now_s, observation.window_s, pattern_floor)
+    pattern = history.peak_pattern(now_s)  # read once: both the floor and the short-peak fleet start from it
+    pattern_floor = _pattern_floor(context, history, pattern, now_s, shape, model)
+    short_peaks = _standing_for_short_peaks(context, history, pattern, observation.window_s, pattern_floor)
     if recommended > current:
         window = history.within(now_s, spec.scaling.scale_up_stabilization_seconds)
         desired = max(current, min(window))  # HPA: the lowest recommendation of the up-window

@@ -1,6 +1,6 @@
 """Autoscaling benchmark: every policy on both packaged Azure traces, one table.
 
-    .venv/bin/python benchmarks/autoscaling.py [--json OUT.json] [--plots DIR] [--replan on|off]
+    .venv/bin/python benchmarks/autoscaling.py [--json OUT.json] [--plots DIR] [--replan on|off] [--jobs 2]
 
 Each run replays a trace against a simulated fleet of Llama-3.1-8B servers on L4 GPUs (the servers
 deliberately slower than the planner's defaults) scaled by one policy: kvscale's own
@@ -25,7 +25,8 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,77 @@ def goal_lines(case: Case, kvscale: dict[str, Any], static: dict[str, Any] | Non
     return lines
 
 
+def _use_seed(seed: int) -> None:
+    global CONFIG  # one run, one fleet configuration: every policy and hindsight search uses it
+    CONFIG = replace(CONFIG, seed=seed, server_form=replace(CONFIG.server_form, seed=seed))
+
+
+@dataclass
+class CaseOutcome:
+    rows: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    goals: list[str] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run_case(case: Case, seed: int, plots: str | None) -> CaseOutcome:
+    """Every policy and the hindsight references on one case (a process of its own under --jobs)."""
+    _use_seed(seed)
+    out = CaseOutcome()
+    deployment = load_deployment(DATA / case.resource)
+    trace = load_trace(case.trace)
+    label = case.label
+    out.notes.append(f"{label}: {deployment.label}, {trace.requests} requests over "
+                     f"{trace.duration_s / case.speedup / 60:.0f} min, peak minute "
+                     f"{trace.peak_rate() * case.speedup:.1f} req/s, planner goodput "
+                     f"{deployment.chosen.goodput_requests_per_s:.2f} req/s per replica (planned "
+                     f"{deployment.chosen.replicas} replicas), "
+                     f"${deployment.usd_per_gpu_hour:g}/GPU-h")
+    by_policy: dict[str, dict[str, Any]] = {}
+    for policy in case.policies:
+        start = time.perf_counter()
+        result = run_simulation(deployment, trace, policy, speedup=case.speedup, config=CONFIG)
+        wall = time.perf_counter() - start
+        m = result.metrics
+        by_policy[policy] = m
+        out.rows.append(f"| {case.split} " + _row(policy, label, m, wall))
+        out.results.append({**m, "split": case.split, "wall_s": round(wall, 2), "command": _command(case, policy)})
+        if plots:
+            Path(plots).mkdir(parents=True, exist_ok=True)
+            draw_timeline(result, Path(plots) / f"{label.replace(' ', '-')}-{policy}.png")
+    schedule_figures = None
+    if case.references:
+        start = time.perf_counter()
+        replayed = trace.sped_up(case.speedup)
+        found = smallest_static_fleet(deployment, replayed, 1, 3 * deployment.spec.scaling.max_replicas)
+        if found is not None:
+            replicas, m = found
+            out.rows.append(f"| {case.split} " + _row(f"static-{replicas} (hindsight, not a policy)", label, m,
+                                                      time.perf_counter() - start))
+            out.notes.append(f"{label}: the fewest fixed replicas reaching {TARGET_ATTAINMENT:.0%} SLO attainment, "
+                             f"found by bisection over whole-trace runs: {replicas}")
+            start = time.perf_counter()
+            schedule = hindsight_schedule(deployment, replayed, replicas + 4)
+            if schedule is not None:
+                per_block, attained, gpu_hours = schedule
+                schedule_figures = (attained, gpu_hours)
+                minutes = SCHEDULE_BLOCK_S / 60
+                out.rows.append(f"| {case.split} | schedule (hindsight, {minutes:g}-min blocks: a bound, not a policy) "
+                                f"| {label} | {100 * attained:.2f}% | | | | | {gpu_hours:.2f} | | {max(per_block)} | "
+                                f"{sum(per_block) / len(per_block):.2f} | {time.perf_counter() - start:.1f} |")
+                out.notes.append(f"{label}: cheapest replicas per {minutes:g}-min block reaching "
+                                 f"{TARGET_ATTAINMENT:.0%} in hindsight: {per_block}")
+    for line in goal_lines(case, by_policy["kvscale"], by_policy.get("static-peak"), schedule_figures):
+        out.goals.append(f"{case.split} {label}: {line}")
+    return out
+
+
+def _simulated_requests(case: Case) -> float:
+    """About how many requests a case simulates: its trace's, times its policies and hindsight searches."""
+    searches = 12 if case.references else 0  # a bisection and the schedule's fixed fleets, about
+    return load_trace(case.trace).requests * (len(case.policies) + searches)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every run's metrics here")
@@ -245,15 +317,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="also serve benchmarks/replan.py's drifted-traffic cases with re-planning on and off")
     parser.add_argument("--seed", type=int, default=STARTUP_SEED,
                         help="the start-up draws' and the servers' jitter seed (the published table: 1)")
+    parser.add_argument("--only", default="", help="only the cases whose label contains this text")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="cases run in this many processes at once (the figures do not depend on it)")
     args = parser.parse_args(argv)
-    global CONFIG  # one run, one fleet configuration: every policy and hindsight search below uses it
-    CONFIG = replace(CONFIG, seed=args.seed, server_form=replace(CONFIG.server_form, seed=args.seed))
+    _use_seed(args.seed)
     print("autoscaling benchmark (command: .venv/bin/python benchmarks/autoscaling.py)")
     print(f"traces: {AZURE_ATTRIBUTION}")
     print(f"start-up of each new replica: uniform {STARTUP_RANGE_S[0]:g}-{STARTUP_RANGE_S[1]:g} s, seed "
           f"{args.seed} (not told to any policy)")
     print(f"servers: efficiency factors off the planner's, and in form: {CONFIG.server_form.describe}")
-    cases = [c for c in CASES if args.cases in ("all", c.split)]
+    cases = [c for c in CASES if args.cases in ("all", c.split) and args.only in c.label]
     print("each row is the same as:")
     for case in cases:
         print(f"  {_command(case, '{' + ','.join(case.policies) + '}')}")
@@ -264,54 +338,20 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     goals: list[str] = []
     start_all = time.perf_counter()
-    for case in cases:
-        deployment = load_deployment(DATA / case.resource)
-        trace = load_trace(case.trace)
-        label = case.label
-        notes.append(f"{label}: {deployment.label}, {trace.requests} requests over "
-                     f"{trace.duration_s / case.speedup / 60:.0f} min, peak minute "
-                     f"{trace.peak_rate() * case.speedup:.1f} req/s, planner goodput "
-                     f"{deployment.chosen.goodput_requests_per_s:.2f} req/s per replica (planned "
-                     f"{deployment.chosen.replicas} replicas), "
-                     f"${deployment.usd_per_gpu_hour:g}/GPU-h")
-        by_policy: dict[str, dict[str, Any]] = {}
-        for policy in case.policies:
-            start = time.perf_counter()
-            result = run_simulation(deployment, trace, policy, speedup=case.speedup, config=CONFIG)
-            wall = time.perf_counter() - start
-            m = result.metrics
-            by_policy[policy] = m
-            rows.append(f"| {case.split} " + _row(policy, label, m, wall))
-            print(rows[-1], flush=True)
-            results.append({**m, "split": case.split, "wall_s": round(wall, 2), "command": _command(case, policy)})
-            if args.plots:
-                Path(args.plots).mkdir(parents=True, exist_ok=True)
-                draw_timeline(result, Path(args.plots) / f"{label.replace(' ', '-')}-{policy}.png")
-        schedule_figures = None
-        if case.references:
-            start = time.perf_counter()
-            replayed = trace.sped_up(case.speedup)
-            found = smallest_static_fleet(deployment, replayed, 1, 3 * deployment.spec.scaling.max_replicas)
-            if found is not None:
-                replicas, m = found
-                rows.append(f"| {case.split} " + _row(f"static-{replicas} (hindsight, not a policy)", label, m,
-                                                      time.perf_counter() - start))
-                notes.append(f"{label}: the fewest fixed replicas reaching {TARGET_ATTAINMENT:.0%} SLO attainment, "
-                             f"found by bisection over whole-trace runs: {replicas}")
-                start = time.perf_counter()
-                schedule = hindsight_schedule(deployment, replayed, replicas + 4)
-                if schedule is not None:
-                    per_block, attained, gpu_hours = schedule
-                    schedule_figures = (attained, gpu_hours)
-                    minutes = SCHEDULE_BLOCK_S / 60
-                    rows.append(f"| {case.split} | schedule (hindsight, {minutes:g}-min blocks: a bound, not a policy) "
-                                f"| {label} | {100 * attained:.2f}% | | | | | {gpu_hours:.2f} | | {max(per_block)} | "
-                                f"{sum(per_block) / len(per_block):.2f} | {time.perf_counter() - start:.1f} |")
-                    notes.append(f"{label}: cheapest replicas per {minutes:g}-min block reaching "
-                                 f"{TARGET_ATTAINMENT:.0%} in hindsight: {per_block}")
-        for line in goal_lines(case, by_policy["kvscale"], by_policy.get("static-peak"), schedule_figures):
-            goals.append(f"{case.split} {label}: {line}")
-            print(f"  goal {goals[-1]}", flush=True)
+    # Cases are independent: with --jobs N they run in N processes, the costliest first (the three-day week alone
+    # takes about as long as the rest), and are printed in the table's order.
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {case: pool.submit(run_case, case, args.seed, args.plots)
+                   for case in sorted(cases, key=_simulated_requests, reverse=True)}
+        for outcome in (futures[case].result() for case in cases):
+            for row in outcome.rows:
+                rows.append(row)
+                print(row, flush=True)
+            notes.extend(outcome.notes)
+            results.extend(outcome.results)
+            for line in outcome.goals:
+                goals.append(line)
+                print(f"  goal {line}", flush=True)
     total = time.perf_counter() - start_all
     print()
     for note in notes:

@@ -49,14 +49,6 @@ class RequestShape:
     output_percentiles: tuple[tuple[float, float], ...] = ()
     tail_quantile: float = 0.95  # the percentile `input_tokens_tail` is at
 
-    def prompt_length_scv(self, quantile: float) -> float:
-        """Squared coefficient of variation of prompt lengths, matched to the percentile prompt: 0 when
-        it is the mean (all prompts alike), 1 when it sits where an exponential's would (-ln(1-q) x
-        the mean), and no more (a heavier tail is the floor's business, not the queue's)."""
-        ratio = self.tail_input_tokens / max(self.input_tokens, 1.0)
-        exponential = -math.log(1.0 - quantile)
-        return min(1.0, ((ratio - 1.0) / (exponential - 1.0)) ** 2) if exponential > 1.0 else 0.0
-
     @classmethod
     def with_assumed_tail(cls, input_tokens: float, output_tokens: float, quantile: float,
                           max_prompt_tokens: float | None = None) -> RequestShape:

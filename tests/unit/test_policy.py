@@ -22,6 +22,7 @@ from kvscale.autoscaler.calibration import SHAPE_MEMORY_REQUESTS, SMOOTHING, sha
 from kvscale.autoscaler.forecast import BUCKET_S, Forecaster, ForecastState, forecasts_from
 from kvscale.autoscaler.policy import (
     PATTERN_MAX_PERIOD_S,
+    PeakPattern,
     ScaleDecision,
     _with_assumed_tail,
     build_calibration_sample,
@@ -76,6 +77,23 @@ def test_replicas_match_demand_over_goodput_with_headroom() -> None:
     assert decision.desired_replicas == math.ceil(3.5 * 1.1)
     assert decision.action == "scale-up" and decision.binding == "demand"
     assert "calibrated goodput" in decision.reason and "scale up 1 -> 4" in decision.reason
+
+
+def test_a_replica_goes_only_when_the_fewer_left_run_below_the_scale_down_tolerance() -> None:
+    # 4 replicas; a demand worth 2.8 replicas (with headroom): 3 would carry it at 93% of their goodput.
+    context = _context(current=4, scale_down_stabilization_seconds=0)
+    goodput = _goodput(context)
+    rate = 2.8 * goodput / 1.1
+    history = replace(ScalingHistory(), started_at_s=NOW - 3600.0)
+    held = decide(_load(rate), context, history, NOW)
+    assert held.desired_replicas == 4 and held.recommended_replicas == 4
+    assert "fewer only below 90% of their goodput: 4" in held.reason
+    # Below 90% of 3 replicas' goodput (2.6 replicas' worth), one goes; with no tolerance, already at 2.8.
+    assert decide(_load(2.6 * goodput / 1.1), context, history, NOW).desired_replicas == 3
+    no_tolerance = _context(current=4, scale_down_stabilization_seconds=0, scale_down_tolerance=0.0)
+    assert decide(_load(rate), no_tolerance, history, NOW).desired_replicas == 3
+    # Scaling up is untouched: 4.2 replicas' worth from 4 asks for 5.
+    assert decide(_load(4.2 * goodput / 1.1), context, history, NOW).desired_replicas == 5
 
 
 def test_scale_up_is_immediate_but_bounded_per_step() -> None:
@@ -762,13 +780,19 @@ def test_short_recurring_peaks_learn_the_fleet_that_served_them() -> None:
     assert history.peak_fleet(pattern, 60.0) is None
 
 
-def test_a_short_recurring_peak_meets_the_standing_fleet_and_starts_no_replica_that_would_miss_it() -> None:
+def _five_replicas_and_short_peaks() -> tuple[ReplicaContext, float, ScalingHistory, PeakPattern]:
+    """5 replicas with a 300-s scale-down window; three one-minute peaks of 8x the goodput, 420 s apart."""
     context = _context(current=5, max_replicas=200, scale_down_stabilization_seconds=300)
     goodput = _goodput(context)
     peaks = _recurring(420.0, 3, base=goodput, peak=8 * goodput)
     assert peaks.forecasts.bucket_index is not None
     pattern = peaks.peak_pattern(peaks.forecasts.bucket_index * BUCKET_S)
     assert pattern is not None
+    return context, goodput, peaks, pattern
+
+
+def test_a_short_recurring_peak_meets_the_standing_fleet_and_starts_no_replica_that_would_miss_it() -> None:
+    context, goodput, peaks, pattern = _five_replicas_and_short_peaks()
     # The last peak breached with 3 Ready, the one before held with 5: 5 stand for the next, which is under
     # way (its minute still open).
     history = _served(peaks, (pattern.peaks[-2], 5, 0.9), (pattern.peaks[-1], 3, 1.5))
@@ -790,3 +814,36 @@ def test_a_short_recurring_peak_meets_the_standing_fleet_and_starts_no_replica_t
     later_s = at_s + 180.0
     outlasting = decide(_load(8 * goodput, at=later_s), context, lasting, later_s)
     assert outlasting.desired_replicas > 5 and outlasting.binding != "pattern"
+
+
+def test_a_standing_fleet_leaves_through_the_scale_down_window_when_its_pattern_lapses() -> None:
+    context, goodput, peaks, pattern = _five_replicas_and_short_peaks()
+    served = replace(_served(peaks, (pattern.peaks[-2], 5, 0.9), (pattern.peaks[-1], 5, 0.9)), started_at_s=NOW)
+
+    # The peaks stop coming, at a calm load that one or two replicas serve: decisions every 30 s, the fleet
+    # following each. While the pattern shows, a fleet stands for the next peak (binding "pattern") ...
+    decisions, history, current, start_s = [], served, 5, NOW + 1500.0
+    for k in range(40):
+        t = start_s + 30.0 * k
+        decision = decide(_load(goodput, at=t), replace(context, current_replicas=current, ready_replicas=current),
+                          history, t)
+        decisions.append(decision)
+        history, current = decision.history, decision.desired_replicas
+    bindings = [d.binding for d in decisions]
+    lapsed = len(bindings) - bindings[::-1].index("pattern")  # the decision after the last one it bound
+    assert lapsed < len(decisions) - 12
+    standing = decisions[lapsed - 1].desired_replicas
+    assert standing > decisions[lapsed - 1].recommended_replicas
+    # ... and once it lapses (the peaks' gaps exceeded), that fleet is a recommendation of the scale-down
+    # window: held through it, not dropped at the next decision ...
+    window = 300 // 30
+    assert all(d.desired_replicas == standing and d.binding == "stabilization"
+               for d in decisions[lapsed:lapsed + window])
+    # ... then let go a quarter at a time.
+    assert decisions[lapsed + window + 1].desired_replicas < standing
+    # Without that memory the decision at the lapse would have taken the fleet down at once.
+    lapse_s = start_s + 30.0 * lapsed
+    forgetful = decide(_load(goodput, at=lapse_s), replace(context, current_replicas=standing,
+                                                           ready_replicas=standing),
+                       replace(decisions[lapsed - 1].history, standing=()), lapse_s)
+    assert forgetful.desired_replicas < standing

@@ -296,6 +296,12 @@ class ScalingSection(ApiModel):
     headroom: Annotated[
         float, Field(ge=0, le=1, description="Spare capacity kept above demand, as a fraction (0.2 = 20%).")
     ] = 0.1
+    scale_down_tolerance: Annotated[
+        float, Field(ge=0, le=0.5, description="A replica goes only when the fewer left would carry the demand "
+                     "(with headroom) below (1 - this) of their goodput: Kubernetes HPA's default tolerance, so that "
+                     "a minute's noise in the arrivals or the calibrated goodput does not remove a replica the next "
+                     "minutes start again. 0: scale down as soon as the demand fits.")
+    ] = 0.1
     forecaster: Annotated[
         ForecastMode,
         Field(description="Arrival-rate forecast sized for one measured replica start-up ahead: Auto (the "

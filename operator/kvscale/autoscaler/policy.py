@@ -131,6 +131,9 @@ class ScalingHistory:
     # (time_s, Ready replicas, the window's worst percentile over its SLO: TTFT or TPOT, 0 where neither was
     # observed) at each decision: which fleet served the requests of a rate window, and how well
     ready_seen: tuple[tuple[float, int, float], ...] = ()
+    # (time_s, replicas) a recurring-peak rule stood above the demand's recommendation: when the pattern is no
+    # longer seen, that fleet leaves through the scale-down window like any recommendation, not at once
+    standing: tuple[tuple[float, int], ...] = ()
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
@@ -267,6 +270,13 @@ class ScalingHistory:
 
     def within(self, now_s: float, window_s: float) -> list[int]:
         return [r for t, r in self.recommendations if now_s - t <= window_s]
+
+    def with_standing(self, now_s: float, replicas: int, window_s: float) -> ScalingHistory:
+        kept = tuple((t, r) for t, r in self.standing if now_s - t <= window_s)
+        return replace(self, standing=(*kept, (now_s, replicas)))
+
+    def stood_within(self, now_s: float, window_s: float) -> list[int]:
+        return [r for t, r in self.standing if now_s - t <= window_s]
 
 
 @dataclass(frozen=True)
@@ -502,7 +512,17 @@ def _recommend(observation: Observation, context: ReplicaContext, fleet: Fleet, 
     window_s = spec.scaling.scale_down_stabilization_seconds
     burst = max(arrival + burst_excess, history.recent_burst(observation.sampled_at_s, window_s, observation.window_s))
     expected = max(trended, burst)
-    wanted = math.ceil(expected * (1.0 + spec.scaling.headroom) / goodput - 1e-9) if goodput > 0 else current
+    load = expected * (1.0 + spec.scaling.headroom) / goodput if goodput > 0 else float(current)  # replicas' worth
+    wanted = math.ceil(load - 1e-9)
+    down_text = ""
+    tolerance = spec.scaling.scale_down_tolerance
+    if wanted < current and tolerance > 0:
+        # Fewer only where they would run below (1 - tolerance) of their goodput: a fleet sized to the edge
+        # of the noise in the arrivals and the calibrated goodput asks for the replica back minutes later.
+        kept = min(current, math.ceil(load / (1.0 - tolerance) - 1e-9))
+        if kept > wanted:
+            down_text = f" (fewer only below {1 - tolerance:.0%} of their goodput: {kept})"
+            wanted = kept
     binding = "demand"
     trend = ""
     if burst > max(trended, arrival) + 1e-9:
@@ -513,7 +533,7 @@ def _recommend(observation: Observation, context: ReplicaContext, fleet: Fleet, 
                    f"{goodput:.2f} req/s per replica ({UNATTAINABLE_SLO_LOAD:.0%} of its throughput: no load meets "
                    "the SLOs under the calibrated model)")
     reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over "
-               f"{per_replica}{_shape_text(shape, spec)} -> {wanted}"]
+               f"{per_replica}{_shape_text(shape, spec)} -> {wanted}{down_text}"]
     breaches = []
     p = f"p{spec.slo.percentile:g}"
     if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms * (1 + BREACH_TOLERANCE):
@@ -678,6 +698,10 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
             reasons.append(f"no scale-down while the load rises (trend +{rise:.2f} req/s in "
                            f"{forecast.horizon_s:.0f} s)")
         else:
+            if short_peaks is None and pattern_floor is None:
+                # A fleet a recurring-peak rule stood lapses with the pattern through the window, as the
+                # demand's recommendations do: one missed peak start must not drop it at once.
+                window = window + history.stood_within(now_s, spec.scaling.scale_down_stabilization_seconds)
             desired = min(current, max(window))  # HPA: the highest recommendation of the down-window
             standing = None if short_peaks is not None else pattern_floor
             if standing is not None and standing[0] > desired:
@@ -695,6 +719,9 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         # Up to the standing fleet, and no further for a peak its replicas would miss; down to it.
         desired, binding = max(short_peaks[0], min(desired, current)), "pattern"
         reasons.append(short_peaks[1])
+
+    if binding == "pattern":
+        history = history.with_standing(now_s, desired, spec.scaling.scale_down_stabilization_seconds)
 
     capacity_limited = False
     if desired > current and context.free_replica_slots is not None:

@@ -87,7 +87,8 @@ def test_a_replica_goes_only_when_the_fewer_left_run_below_the_scale_down_tolera
     history = replace(ScalingHistory(), started_at_s=NOW - 3600.0)
     held = decide(_load(rate), context, history, NOW)
     assert held.desired_replicas == 4 and held.recommended_replicas == 4
-    assert "fewer only below 90% of their goodput: 4" in held.reason
+    assert "-> 3, kept at 4: 3 would run at 93% of their goodput, above the scale-down tolerance's 90%" \
+        in held.reason
     # Below 90% of 3 replicas' goodput (2.6 replicas' worth), one goes; with no tolerance, already at 2.8.
     assert decide(_load(2.6 * goodput / 1.1), context, history, NOW).desired_replicas == 3
     no_tolerance = _context(current=4, scale_down_stabilization_seconds=0, scale_down_tolerance=0.0)

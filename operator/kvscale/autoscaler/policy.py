@@ -513,7 +513,7 @@ def _recommend(observation: Observation, context: ReplicaContext, fleet: Fleet, 
     burst = max(arrival + burst_excess, history.recent_burst(observation.sampled_at_s, window_s, observation.window_s))
     expected = max(trended, burst)
     load = expected * (1.0 + spec.scaling.headroom) / goodput if goodput > 0 else float(current)  # replicas' worth
-    wanted = math.ceil(load - 1e-9)
+    sized = wanted = math.ceil(load - 1e-9)
     down_text = ""
     tolerance = spec.scaling.scale_down_tolerance
     if wanted < current and tolerance > 0:
@@ -521,7 +521,8 @@ def _recommend(observation: Observation, context: ReplicaContext, fleet: Fleet, 
         # of the noise in the arrivals and the calibrated goodput asks for the replica back minutes later.
         kept = min(current, math.ceil(load / (1.0 - tolerance) - 1e-9))
         if kept > wanted:
-            down_text = f" (fewer only below {1 - tolerance:.0%} of their goodput: {kept})"
+            down_text = (f", kept at {kept}: {sized} would run at {load / sized:.0%} of their goodput, above the "
+                         f"scale-down tolerance's {1 - tolerance:.0%}")
             wanted = kept
     binding = "demand"
     trend = ""
@@ -533,7 +534,7 @@ def _recommend(observation: Observation, context: ReplicaContext, fleet: Fleet, 
                    f"{goodput:.2f} req/s per replica ({UNATTAINABLE_SLO_LOAD:.0%} of its throughput: no load meets "
                    "the SLOs under the calibrated model)")
     reasons = [f"demand {arrival:.2f} req/s{trend} x {1 + spec.scaling.headroom:.2f} headroom over "
-               f"{per_replica}{_shape_text(shape, spec)} -> {wanted}{down_text}"]
+               f"{per_replica}{_shape_text(shape, spec)} -> {sized}{down_text}"]
     breaches = []
     p = f"p{spec.slo.percentile:g}"
     if observation.ttft_s is not None and observation.ttft_s * 1000.0 > spec.slo.ttft_ms * (1 + BREACH_TOLERANCE):

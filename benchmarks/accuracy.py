@@ -37,7 +37,7 @@ from kvscale.perfmodel import (
     fixed_batch_latency_s,
 )
 from kvscale.perfmodel.replica import compute_replica_kv_capacity
-from kvscale.perfmodel.serving import concurrency_limit
+from kvscale.perfmodel.serving import concurrency_limit, run_ttft_mean_s
 from kvscale.units import gbit_per_s_to_bytes_per_s
 
 DATA = Path(__file__).parent / "data" / "published.yaml"
@@ -130,9 +130,13 @@ def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAU
             # as all admitted (a cap guessed from memory misreads every point near it).
             concurrency = float(m["concurrency"])
         est = estimate_at_concurrency(model, shape, concurrency, quantile=0.5)
+        ttft_s = float(est.ttft_mean_s)
+        if scenario == "concurrency" and m.get("requests"):
+            # A run's mean over its requests, the first wave's queue included (clients that start at once)
+            ttft_s = run_ttft_mean_s(model, shape, concurrency, float(m["requests"]), ttft_s)
         predicted = {
             "tpot_ms": float(est.tpot_mean_s) * 1e3,
-            "ttft_ms": float(est.ttft_mean_s) * 1e3,
+            "ttft_ms": ttft_s * 1e3,
             "output_tokens_per_s": float(est.output_tokens_per_s),
         }
     else:

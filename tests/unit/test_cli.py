@@ -123,3 +123,20 @@ def test_invalid_resource_names_the_field(tmp_path: Path) -> None:
     result = kvscale("plan", "-f", str(resource))
     assert result.returncode == 2
     assert "spec.slo.ttftMs" in result.stderr
+
+
+def test_predict_num_prompts_counts_a_runs_first_wave_in_its_mean_ttft() -> None:
+    def closed(*extra: str) -> dict[str, float]:
+        out = kvscale("predict", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100-SXM", "--tp", "4",
+                      "--precision", "fp8", "--concurrency", "64", "--input-tokens", "8192", "--output-tokens", "1024",
+                      *extra, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        parsed: dict[str, float] = json.loads(out.stdout)
+        return parsed
+
+    steady, run = closed(), closed("--num-prompts", "640")
+    assert steady["ttft_ms"] == steady["ttft_steady_ms"] == run["ttft_steady_ms"]
+    assert run["run_requests"] == 640.0 and run["ttft_ms"] > 1.5 * steady["ttft_ms"]
+    assert run["tpot_ms"] == steady["tpot_ms"]  # only the mean TTFT counts the first wave
+    alone = kvscale("predict", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100-SXM", "--num-prompts", "5")
+    assert alone.returncode != 0 and "--num-prompts needs --concurrency" in alone.stderr

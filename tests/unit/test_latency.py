@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from kvscale.perfmodel.distributions import (
     quantile_by_bisection,
 )
 from kvscale.perfmodel.latency import output_interval_strata
+from kvscale.perfmodel.serving import first_wave_ttft_mean_s, run_ttft_mean_s
 
 
 def _model(gpu: str = "H100-SXM"):  # type: ignore[no-untyped-def]
@@ -121,3 +123,49 @@ def test_prefix_cache_hits_cut_the_prefill_and_the_kv_a_request_holds() -> None:
     assert float(warm_at.ttft_quantile_s) < 0.5 * float(cold_at.ttft_quantile_s)
     assert float(warm_at.tpot_quantile_s) < float(cold_at.tpot_quantile_s)
     assert float(concurrency_limit(warm, 1000, 100_000)) > 2 * float(concurrency_limit(cold, 1000, 100_000))
+
+
+def test_a_closed_loops_first_wave_queues_for_the_token_budget() -> None:
+    model = _model()
+    shape = RequestShape(2048.0, 256.0)
+    budget = float(model.setup.token_budget)
+    alone = first_wave_ttft_mean_s(model, shape, 1)
+    assert alone == pytest.approx(float(model.prefill_s(2048.0)) + model.setup.efficiency.ttft_overhead_s(
+        model.arch.num_layers), rel=0.05)
+    # The k-th of C prompts sent at once is prefilled after about (k + 1) x 2048 / budget full steps: the mean
+    # grows about linearly with C, well beyond one prompt's prefill.
+    waves = [first_wave_ttft_mean_s(model, shape, clients) for clients in (4, 16, 64)]
+    assert waves[0] < waves[1] < waves[2]
+    assert waves[2] > 64 * 2048 / budget / 2 * float(model.prefill_s(min(2048.0, budget)))
+    steady = float(estimate_at_concurrency(model, shape, 64.0, quantile=0.5).ttft_mean_s)
+    # A run's mean: the wave's C requests at the wave's mean, the rest at the steady state's.
+    assert run_ttft_mean_s(model, shape, 64, 64, steady) == pytest.approx(waves[2])
+    assert run_ttft_mean_s(model, shape, 64, 640, steady) == pytest.approx((64 * waves[2] + 576 * steady) / 640)
+    assert run_ttft_mean_s(model, shape, 64, 1e9, steady) == pytest.approx(steady, rel=1e-3)
+
+
+def test_the_first_wave_term_matches_the_step_level_simulator() -> None:
+    # kvscale.sim.benchserve schedules the same C prompts step by step (chunks, decodes taking budget): what
+    # the first C requests add to a run's mean TTFT there is what first_wave_ttft_mean_s adds to the model's.
+    from kvscale.api.spec import load_resource
+    from kvscale.planner import build_plan_inputs
+    from kvscale.sim.benchserve import run_closed_loop
+    from kvscale.sim.deployment import build_simulated_deployment
+    from kvscale.sim.trace import Trace
+
+    spec = load_resource(Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-70b-h100.yaml").spec
+    spec = spec.model_copy(update={
+        "slo": spec.slo.model_copy(update={"ttft_ms": 20_000.0}),
+        "workload": spec.workload.model_copy(update={"input_tokens": 4096, "output_tokens": 256,
+                                                    "requests_per_second": 1.0}),
+        "serving": spec.serving.model_copy(update={"tensor_parallel": 4, "max_num_seqs": 64})})
+    inputs = build_plan_inputs(spec)
+    deployment = build_simulated_deployment(inputs, server_efficiency=inputs.efficiency)
+    clients, requests = 16, 160
+    lengths = np.full(requests, 4096, dtype=np.int64)
+    trace = Trace("fixed", np.zeros(requests), lengths, np.full(requests, 256, dtype=np.int64), 1.0)
+    counted = run_closed_loop(deployment, trace, clients, requests, warmup=0).ttft_s
+    simulated_wave_s = float(np.mean(counted[:clients]))  # the first C requests, sent at once
+    model = build_replica_model(deployment.setup)
+    modelled_wave_s = first_wave_ttft_mean_s(model, RequestShape(4096.0, 256.0), clients)
+    assert modelled_wave_s == pytest.approx(simulated_wave_s, rel=0.15)

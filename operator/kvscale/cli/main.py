@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "request when one ends (vllm bench serve --max-concurrency)")
     load.add_argument("--request-rate", type=float, help="open loop: Poisson arrivals, requests/s "
                       "(vllm bench serve --request-rate)")
+    predict.add_argument("--num-prompts", type=int, help="closed loop: the run's requests, every client starting at "
+                         "once (vllm bench serve --num-prompts): the mean TTFT then counts the first wave's queue")
     predict.add_argument("--max-num-seqs", type=int, default=256, help="the engine's batch cap (closed and open loop)")
     predict.add_argument("--percentile", type=float, default=95.0, help="latency percentile reported beside the means")
     predict.add_argument("--input-tokens", type=int, default=1024)

@@ -15,8 +15,11 @@ from kvscale.units import GIB
 
 
 def _load(args: argparse.Namespace) -> Load:
+    if args.num_prompts is not None and args.concurrency is None:
+        raise InvalidSpecError("--num-prompts needs --concurrency: it names a closed-loop run's requests")
     if args.concurrency is not None:
-        return Load(LoadKind.CLOSED_LOOP, float(args.concurrency))
+        requests = None if args.num_prompts is None else float(args.num_prompts)
+        return Load(LoadKind.CLOSED_LOOP, float(args.concurrency), requests)
     if args.request_rate is not None:
         if not args.request_rate > 0:
             raise InvalidSpecError("--request-rate must be positive")
@@ -29,12 +32,13 @@ def _describe(load: Load, input_tokens: int, output_tokens: int) -> str:
     if load.kind is LoadKind.STATIC_BATCH:
         return f"static batch of {load.value:g} started together, {shape}"
     if load.kind is LoadKind.CLOSED_LOOP:
-        return f"closed loop: {load.value:g} clients, {shape}"
+        run = "" if load.run_requests is None else f", {load.run_requests:g} requests started together"
+        return f"closed loop: {load.value:g} clients{run}, {shape}"
     return f"open loop: Poisson arrivals at {load.value:g} requests/s, {shape}"
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    for name in ("tp", "batch", "concurrency", "input_tokens", "output_tokens", "max_num_seqs"):
+    for name in ("tp", "batch", "concurrency", "num_prompts", "input_tokens", "output_tokens", "max_num_seqs"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InvalidSpecError(f"--{name.replace('_', '-')} must be at least 1")
@@ -66,7 +70,9 @@ def run_predict(args: argparse.Namespace) -> int:
     rows = [
         ("model", f"{arch.name} ({setup.precision.value}) on {args.tp} x {setup.gpu.name}"),
         ("load", _describe(load, args.input_tokens, args.output_tokens)),
-        ("TTFT", f"{p.ttft_ms:.1f} ms mean, {p.ttft_percentile_ms:.1f} ms {pct}"),
+        ("TTFT", f"{p.ttft_ms:.1f} ms mean, {p.ttft_percentile_ms:.1f} ms {pct}" if load.run_requests is None else
+                 f"{p.ttft_ms:.1f} ms mean over the run (the first wave's queue included), {p.ttft_steady_ms:.1f} ms "
+                 f"mean and {p.ttft_percentile_ms:.1f} ms {pct} in the steady state"),
         ("TPOT", f"{p.tpot_ms:.2f} ms mean, {p.tpot_percentile_ms:.2f} ms {pct}"),
         ("requests", f"{p.requests_per_s:.3f}/s completed, {p.running_seqs:.1f} running"
                      + ("" if p.stable else " (overloaded: arrivals outrun the replica, queues grow)")),

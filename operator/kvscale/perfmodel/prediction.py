@@ -17,7 +17,13 @@ from kvscale.perfmodel.replica import (
     compute_replica_kv_capacity,
     replica_weights_bytes_per_gpu,
 )
-from kvscale.perfmodel.serving import RequestShape, concurrency_limit, estimate_at_concurrency, estimate_at_rate
+from kvscale.perfmodel.serving import (
+    RequestShape,
+    concurrency_limit,
+    estimate_at_concurrency,
+    estimate_at_rate,
+    run_ttft_mean_s,
+)
 from kvscale.units import s_to_ms
 
 
@@ -33,6 +39,9 @@ class LoadKind(StrEnum):
 class Load:
     kind: LoadKind
     value: float  # batch, concurrency or requests/s
+    # closed loop: the requests of a benchmark run whose clients all start at once (vllm bench serve
+    # --num-prompts): its mean TTFT counts the first wave's queue; None: the steady state alone
+    run_requests: float | None = None
 
 
 @dataclass(frozen=True)
@@ -41,9 +50,11 @@ class PointPrediction:
 
     load: str
     load_value: float
+    run_requests: float | None  # closed loop: the run's requests, its clients starting together
     percentile: float
-    ttft_ms: float  # mean
-    ttft_percentile_ms: float
+    ttft_ms: float  # mean (over the run's requests where the load names them, else the steady state's)
+    ttft_steady_ms: float  # mean with the clients out of step, the first wave left out
+    ttft_percentile_ms: float  # the steady state's
     tpot_ms: float  # mean
     tpot_percentile_ms: float
     decode_step_ms: float
@@ -106,7 +117,7 @@ def predict_point(setup: ServingSetup, shape: RequestShape, load: Load, max_num_
         prefill = float(model.prefill_s(shape.input_tokens, batch))
         latency = fixed_batch_latency_s(model, shape, batch)
         tpot = (latency - prefill) / max(shape.output_tokens - 1.0, 1.0)
-        ttft_mean = ttft_q = prefill
+        ttft_mean = ttft_q = steady_ttft = prefill
         tpot_mean = tpot_q = tpot
         rate, running, stable = batch / latency, batch, True
         decode_step = float(model.decode_step_s(batch, shape.mean_context_tokens))
@@ -117,6 +128,9 @@ def predict_point(setup: ServingSetup, shape: RequestShape, load: Load, max_num_
         else:
             at = estimate_at_rate(model, shape, load.value, slots, quantile)
         ttft_mean, ttft_q = float(at.ttft_mean_s), float(at.ttft_quantile_s)
+        steady_ttft = ttft_mean
+        if load.kind is LoadKind.CLOSED_LOOP and load.run_requests is not None and math.isfinite(ttft_mean):
+            ttft_mean = run_ttft_mean_s(model, shape, min(load.value, slots), load.run_requests, ttft_mean)
         tpot_mean, tpot_q = float(at.tpot_mean_s), float(at.tpot_quantile_s)
         rate, running, stable = float(at.request_rate), float(at.running_seqs), bool(at.stable)
         decode_step = float(at.decode_step_s)
@@ -126,8 +140,10 @@ def predict_point(setup: ServingSetup, shape: RequestShape, load: Load, max_num_
     return PointPrediction(
         load=load.kind.value,
         load_value=load.value,
+        run_requests=load.run_requests,
         percentile=quantile * 100.0,
         ttft_ms=_finite_ms(ttft_mean),
+        ttft_steady_ms=_finite_ms(steady_ttft),
         ttft_percentile_ms=_finite_ms(ttft_q),
         tpot_ms=s_to_ms(tpot_mean),
         tpot_percentile_ms=s_to_ms(tpot_q),

@@ -365,6 +365,39 @@ def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrenc
     )
 
 
+def first_wave_ttft_mean_s(model: ReplicaModel, shape: RequestShape, clients: float) -> float:
+    """Mean TTFT of the first prompts of a closed-loop run whose `clients` all send at once on an idle
+    replica (`vllm bench serve --max-concurrency C --request-rate inf` and the harnesses built on it):
+    they queue for the token budget oldest first, and each prompt prefilled joins the decodes that take
+    one token of every later step's budget. Steady state is `estimate_at_concurrency`'s business; this is
+    the start-up it leaves out."""
+    count = max(round(clients), 1)
+    prompt = float(shape.computed_input_tokens)
+    attention = prompt_attention_tokens(shape)
+    budget = float(model.setup.token_budget)
+    total = count * prompt
+    done_tokens, elapsed_s, prefilled = 0.0, 0.0, 0
+    ttfts: list[float] = []
+    while prefilled < count:
+        chunk = min(max(budget - prefilled, 1.0), total - done_tokens)
+        elapsed_s += float(model.step_s(float(prefilled), shape.input_tokens, chunk, chunk * attention,
+                                        chunk / prompt))
+        done_tokens += chunk
+        finished = min(count, math.floor(done_tokens / prompt + 1e-9))
+        ttfts.extend([elapsed_s] * (finished - prefilled))
+        prefilled = finished
+    return sum(ttfts) / count + _ttft_overhead_s(model)
+
+
+def run_ttft_mean_s(model: ReplicaModel, shape: RequestShape, clients: float, requests: float,
+                    steady_ttft_mean_s: float) -> float:
+    """Mean TTFT over a closed-loop run of `requests` requests from `clients` clients that start together:
+    the first wave's (first_wave_ttft_mean_s), then the steady state's for the rest. What a benchmark's
+    'Mean TTFT' reports; a median over many waves is the steady state's."""
+    wave = min(max(clients, 1.0), requests)
+    return (wave * first_wave_ttft_mean_s(model, shape, wave) + (requests - wave) * steady_ttft_mean_s) / requests
+
+
 @dataclass(frozen=True)
 class ObservedLoadEstimate:
     """What the model predicts for a replica seen running `running` sequences while taking `rate` new

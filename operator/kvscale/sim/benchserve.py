@@ -99,7 +99,8 @@ def run_closed_loop(deployment: SimulatedDeployment, trace: Trace, concurrency: 
     """`concurrency` clients, each sending its next request `turnaround_s` after its last one ends
     (`vllm bench serve --max-concurrency`): the engine has started its next step by then, and the
     request waits for it, as it does on a real server. The first `concurrency` requests (all sent at
-    once) are warm-up by default: a sweep's steady state is what published figures average over."""
+    once) are warm-up by default, which leaves the steady state; `vllm bench serve` counts them in its
+    means (`warmup=0` reproduces that; kvscale.perfmodel.serving.first_wave_ttft_mean_s models them)."""
     rng = np.random.default_rng(seed)
     log = _log(deployment, trace, np.full(count, np.nan), rng)
     arrivals, inputs, outputs = log.arrival_s, log.input_tokens, log.output_tokens

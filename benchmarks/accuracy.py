@@ -98,7 +98,9 @@ def predict_measurement(m: dict[str, Any], efficiency: EfficiencyFactors = DEFAU
                          data_parallel=engines)
     nodes = stages * max(1, setup.gpus // stages // setup.gpus_per_node)
     model = build_replica_model(setup)
-    shape = RequestShape(float(m["input_tokens"]), float(m["output_tokens"]))
+    # A harness that draws lengths uniformly below the nominal ones (length_range_ratio) serves their mean.
+    nominal_share = (1.0 + float(m.get("length_range_ratio") or 1.0)) / 2.0
+    shape = RequestShape(float(m["input_tokens"]) * nominal_share, float(m["output_tokens"]) * nominal_share)
     predicted: dict[str, float] = {}
     scenario = m["scenario"]
     if scenario == "fixed_batch":

@@ -383,7 +383,8 @@ def first_wave_ttft_mean_s(model: ReplicaModel, shape: RequestShape, clients: fl
         elapsed_s += float(model.step_s(float(prefilled), shape.input_tokens, chunk, chunk * attention,
                                         chunk / prompt))
         done_tokens += chunk
-        finished = min(count, math.floor(done_tokens / prompt + 1e-9))
+        # the last chunk ends the wave whatever the rounding of the tokens counted
+        finished = count if done_tokens >= total - 1e-6 else min(count, math.floor(done_tokens / prompt + 1e-9))
         ttfts.extend([elapsed_s] * (finished - prefilled))
         prefilled = finished
     return sum(ttfts) / count + _ttft_overhead_s(model)

@@ -52,3 +52,16 @@ def test_leave_one_source_out_holds_out_a_publishers_files_together() -> None:
     assert fit.source_of({"source": page + "#results"}) == page
     sources = {fit.source_of(m) for m in fit.load_measurements()}
     assert len(sources) < len({str(m["source"]).split("#")[0] for m in fit.load_measurements()})
+
+
+def test_a_sweep_that_replays_its_prompts_is_predicted_with_a_warm_prefix_cache() -> None:
+    """Rows marked warm_prefix_cache (the same prompts, the same server, an earlier rate) get the hit
+    rate vLLM's block cache gives a replayed prompt: less prompt work, a shorter TTFT than cold."""
+    accuracy = load_benchmark("accuracy")
+    warm = [m for m in accuracy.load_measurements() if m.get("warm_prefix_cache")]
+    assert warm, "published.yaml marks no replayed sweep"
+    for row in warm:
+        cold = {key: value for key, value in row.items() if key != "warm_prefix_cache"}
+        predicted = accuracy.predict_measurement(row) + accuracy.predict_measurement(cold)
+        ttft = {c.warm_prefix_cache: c.predicted for c in predicted if c.metric == "ttft_ms"}
+        assert ttft[True] < ttft[False], row["id"]

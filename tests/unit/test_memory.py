@@ -7,11 +7,13 @@ from hypothesis import strategies as st
 from kvscale.api.spec import KvCacheDtype, Precision
 from kvscale.catalog import find_gpu, resolve_architecture
 from kvscale.perfmodel.memory import (
+    VLLM_BLOCK_SIZE_TOKENS,
     compute_kv_capacity,
     compute_parameter_counts,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
     max_model_len_that_fits,
+    replayed_prompt_hit_rate,
     weights_bytes_per_gpu,
 )
 from kvscale.units import GIB
@@ -97,3 +99,16 @@ def test_70b_bf16_does_not_fit_one_80gb_gpu() -> None:
                               1, 0.95, 2048, 1)
     assert not cap.fits
     assert max_model_len_that_fits(arch, cap, KvCacheDtype.AUTO, 1) == 0
+
+
+def test_a_replayed_prompt_is_served_but_for_the_block_holding_its_last_token() -> None:
+    """vLLM serves the full blocks below a cached prompt's last token: over lengths spread across a
+    block, the tokens left to compute average (1 + block) / 2."""
+    block = VLLM_BLOCK_SIZE_TOKENS
+    lengths = range(200, 200 + block)  # one of every remainder
+    computed = [length - block * ((length - 1) // block) for length in lengths]
+    mean_length = sum(lengths) / block
+    assert sum(computed) / block == pytest.approx((1 + block) / 2)
+    assert replayed_prompt_hit_rate(mean_length) == pytest.approx(1.0 - sum(computed) / block / mean_length)
+    assert replayed_prompt_hit_rate(5.0) == 0.0  # within the last block: nothing to serve
+    assert replayed_prompt_hit_rate(0.0) == 0.0

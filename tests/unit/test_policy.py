@@ -22,6 +22,7 @@ from kvscale.autoscaler.calibration import SHAPE_MEMORY_REQUESTS, SMOOTHING, sha
 from kvscale.autoscaler.forecast import BUCKET_S, Forecaster, ForecastState, forecasts_from
 from kvscale.autoscaler.policy import (
     PATTERN_MAX_PERIOD_S,
+    PeakFleet,
     PeakPattern,
     ScaleDecision,
     _with_assumed_tail,
@@ -758,7 +759,7 @@ def test_short_recurring_peaks_learn_the_fleet_that_served_them() -> None:
     def fleet(*peaks: tuple[tuple[float, float], int, float]) -> int:
         learned = _served(history, *peaks).peak_fleet(pattern, 60.0)
         assert learned is not None
-        return learned[0]
+        return learned.replicas
 
     # A breach asks for more: its ratio (at most 2x) times the Ready fleet, and at least one more ...
     assert fleet((last, 3, 1.5)) == 5
@@ -775,8 +776,8 @@ def test_short_recurring_peaks_learn_the_fleet_that_served_them() -> None:
     # The fleet that served a peak is the fewest Ready over its windows: replicas Ready after it did not.
     (start, end) = last
     both = replace(history, ready_seen=((start + 30.0, 3, 1.5), (end + 30.0, 7, 0.2)))
-    assert both.peak_fleet(pattern, 60.0) == (5, "the last peak breached (worst window 1.50x its SLO) with 3 Ready",
-                                              False)
+    assert both.peak_fleet(pattern, 60.0) == PeakFleet(
+        5, "the last peak breached (worst window 1.50x its SLO) with 3 Ready", any_held=False)
     # Nothing seen served (an operator restarted since): nothing learned.
     assert history.peak_fleet(pattern, 60.0) is None
 

@@ -103,6 +103,16 @@ class ReplicaContext:
 
 
 @dataclass(frozen=True)
+class PeakFleet:
+    """The fleet to stand for the next of a pattern's peaks, learned from how the last ones were served
+    (ScalingHistory.peak_fleet)."""
+
+    replicas: int
+    reason: str  # how the last peak was served
+    any_held: bool  # a fleet of the last peaks held one: the answer needs no model-sized floor
+
+
+@dataclass(frozen=True)
 class PeakPattern:
     """Demand peaks that recur (ScalingHistory.peak_pattern), from the forecasts' one-minute buckets."""
 
@@ -223,11 +233,11 @@ class ScalingHistory:
         pattern = self.peak_pattern(now_s)
         return None if pattern is None else pattern.period_s
 
-    def peak_fleet(self, pattern: PeakPattern, window_s: float) -> tuple[int, str, bool] | None:
-        """(replicas, why, whether any fleet held a peak) for the next of `pattern`'s peaks, learned from how
-        the last one was served: the fewest Ready replicas over its rate windows, and the worst percentile
-        they reported against the SLO. Each of the last PATTERN_EVIDENCE_PEAKS peaks bounds the answer: a
-        fleet that breached one is too small, one that held one is enough. A breach beyond BREACH_TOLERANCE asks
+    def peak_fleet(self, pattern: PeakPattern, window_s: float) -> PeakFleet | None:
+        """The fleet for the next of `pattern`'s peaks, learned from how the last one was served: the fewest
+        Ready replicas over its rate windows, and the worst percentile they reported against the SLO. Each
+        of the last PATTERN_EVIDENCE_PEAKS peaks bounds the answer: a fleet that breached one is too small,
+        one that held one is enough. A breach beyond BREACH_TOLERANCE asks
         for more, as a breach's correction does, but no more than the smallest fleet seen holding a peak;
         a peak held lowers the fleet towards its share of the SLO used, by at most MAX_SCALE_DOWN_FRACTION
         per peak, and never to a fleet that breached. None before a peak's decisions were seen (after a
@@ -252,7 +262,7 @@ class ScalingHistory:
                                    ready - max(1, math.floor(ready * MAX_SCALE_DOWN_FRACTION))))
             how = f"held (worst window {worst:.2f}x its SLO) with {ready} Ready"
         fleet = max(fleet, max(breached, default=0) + 1, 1)
-        return fleet, f"the last peak {how}", bool(held)
+        return PeakFleet(fleet, f"the last peak {how}", bool(held))
 
     def with_ready(self, now_s: float, ready: int, slo_ratio: float = 0.0) -> ScalingHistory:
         kept = tuple(seen for seen in self.ready_seen if now_s - seen[0] <= max(DEMAND_MEMORY_S, PATTERN_MEMORY_S))
@@ -602,8 +612,8 @@ def _standing_for_short_peaks(context: ReplicaContext, history: ScalingHistory, 
     learned = history.peak_fleet(pattern, window_s)
     if learned is None:
         return None
-    replicas, how, any_held = learned
-    if not any_held and sized is not None and sized[0] > replicas:
+    replicas, how = learned.replicas, learned.reason
+    if not learned.any_held and sized is not None and sized[0] > replicas:
         replicas, how = sized[0], f"{how}; sized for it: {sized[1]}"
     replicas = min(max(replicas, context.spec.scaling.min_replicas), context.spec.scaling.max_replicas)
     return replicas, (f"peaks of {pattern.length_s:.0f} s recur every {pattern.period_s:.0f} s, shorter than a "

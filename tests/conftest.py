@@ -9,6 +9,7 @@ The kubernetes client is imported only when a bed fixture is used, so unit tests
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import urllib.error
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "testbed"))
 
@@ -33,6 +35,14 @@ from bedkit import (
     start_inference_sim,
     wait_until,
 )
+
+# Property tests: speed belongs in benchmarks, not in a per-example deadline (a 40-ms example once took
+# 313 ms on the loaded 2-core CI machine and failed the run). Under CI the examples are derandomized, so a
+# red CI comes from the change; local runs keep drawing new examples, and counterexamples they find are
+# pinned with @example.
+settings.register_profile("local", deadline=None)
+settings.register_profile("ci", deadline=None, derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI", "").lower() == "true" else "local")
 
 # Seconds each bed test file took in a cold CI run (docs/testing.md, 5d79cbe; test_e2e_autoscaling.py
 # without its Prometheus-outage test, which runs alone since 5cd8d9f: a warm run, b6c9bef). The two lanes of

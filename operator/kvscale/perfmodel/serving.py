@@ -30,7 +30,9 @@ Array = NDArray[np.float64]
 _FIXED_POINT_ITERATIONS = 40
 _FIXED_POINT_TOLERANCE = 1e-2  # sequences
 _BISECTION_ITERATIONS = 24
-_CLOSED_LOOP_ITERATIONS = 12
+# The damped closed-loop iteration stops at _FIXED_POINT_TOLERANCE; 12 rounds left prefill-bound batches
+# unconverged (throughput 0.03% lower at 298 clients than at 270: hypothesis found it), 30 settle them.
+_CLOSED_LOOP_ITERATIONS = 40
 
 
 @dataclass(frozen=True)

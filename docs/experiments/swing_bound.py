@@ -19,16 +19,18 @@ import sys
 
 import numpy as np
 
+from kvscale.sim import Trace
+
 sys.path.insert(0, "benchmarks")
 
 
-def missed_per_block(trace, outcomes: list[np.ndarray], block_s: float) -> np.ndarray:  # type: ignore[no-untyped-def]
+def missed_per_block(trace: Trace, outcomes: list[np.ndarray], block_s: float) -> np.ndarray:
     """Row n-1: requests per block that miss their SLOs with n fixed replicas."""
     blocks = (trace.arrival_s // block_s).astype(np.int64)
     return np.stack([np.bincount(blocks, weights=~met, minlength=int(blocks.max()) + 1) for met in outcomes])
 
 
-def lower_bound_gpu_hours(trace, outcomes: list[np.ndarray], block_s: float, target: float,  # type: ignore[no-untyped-def]
+def lower_bound_gpu_hours(trace: Trace, outcomes: list[np.ndarray], block_s: float, target: float,
                           gpus_per_replica: int) -> float:
     """max over lambda >= 0 of sum_b min_n (GPU-h(n, b) + lambda x missed(n, b)) - lambda x budget: the dual
     of the cheapest per-block choice of 1..len(outcomes) replicas missing at most (1 - target) of requests."""

@@ -7,11 +7,10 @@ paths): vLLM's and TensorRT-LLM's own all-reduce in CUDA graphs, and nccl-tests,
 4 KiB to 128 MiB: a decode step's hidden states (tokens x hidden size x 2 bytes: 32 sequences of an
 8192-wide model are 512 KiB) up to a prompt chunk's (2048 tokens of it are 32 MiB, 8192 are 128 MiB).
 Each row is set against `estimate_allreduce_s` at the default factors, the cost the model charges for one
-call; nothing here was fitted. The model's fixed cost per call
-(`allreduce_latency_s`) was fitted to end-to-end serving measurements, so it holds what a call costs inside
-a step (ranks arriving skewed from the kernels before it, launch gaps) as well as the transfer: a model
-above an isolated microbenchmark at small sizes is expected; one below it at the sizes decode uses would be
-a term that undercounts.
+call; nothing here was fitted. The model's fixed cost per call (`allreduce_latency_s`) was fitted to
+end-to-end serving measurements, so it holds what a call costs inside a step (ranks arriving skewed from
+the kernels before it, launch gaps) as well as the transfer: a model above an isolated microbenchmark at
+small sizes is expected; one below it at the sizes decode uses would be a term that undercounts.
 """
 
 from __future__ import annotations

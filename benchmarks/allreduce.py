@@ -51,20 +51,24 @@ def compare(tables: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def summarise(rows: list[dict[str, Any]], band: tuple[int, int] = DECODE_BYTES) -> list[str]:
-    """Per table and ranks, over the sizes of `band`: the median measured and modelled call, and their ratio."""
+def median_ratios(rows: list[dict[str, Any]], band: tuple[int, int] = DECODE_BYTES,
+                  ) -> dict[tuple[str, str, int], tuple[float, float, float, int]]:
+    """Per (gpu, implementation, ranks), over the sizes of `band`: the median measured and modelled call
+    (us), the median model / measured, and how many sizes."""
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if band[0] <= row["message_bytes"] <= band[1]:
             groups[(row["gpu"], row["implementation"], row["ranks"])].append(row)
-    lines = []
-    for (gpu, implementation, ranks), members in sorted(groups.items()):
-        measured = statistics.median(r["measured_us"] for r in members)
-        model = statistics.median(r["model_us"] for r in members)
-        ratio = statistics.median(r["model_us"] / r["measured_us"] for r in members)
-        lines.append(f"  {gpu:<14} {implementation:<17} TP{ranks}: measured {measured:6.1f} us, model {model:6.1f} us, "
-                     f"model / measured {ratio:4.2f} (median over {len(members)} sizes)")
-    return lines
+    return {key: (statistics.median(r["measured_us"] for r in members),
+                  statistics.median(r["model_us"] for r in members),
+                  statistics.median(r["model_us"] / r["measured_us"] for r in members), len(members))
+            for key, members in sorted(groups.items())}
+
+
+def summarise(rows: list[dict[str, Any]], band: tuple[int, int] = DECODE_BYTES) -> list[str]:
+    return [f"  {gpu:<14} {implementation:<17} TP{ranks}: measured {measured:6.1f} us, model {model:6.1f} us, "
+            f"model / measured {ratio:4.2f} (median over {count} sizes)"
+            for (gpu, implementation, ranks), (measured, model, ratio, count) in median_ratios(rows, band).items()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,6 @@ all-reduce at any rank count, nor charge more than the fixed in-step cost it was
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,13 +27,9 @@ def test_the_data_covers_two_gpus_and_three_rank_counts_per_table() -> None:
 
 def test_model_call_within_a_band_of_vllm_cuda_graph_all_reduce_at_decode_sizes() -> None:
     allreduce = load_benchmark("allreduce")
-    rows = [r for r in allreduce.compare(allreduce.load_tables()) if r["implementation"].startswith("vllm")
-            and allreduce.DECODE_BYTES[0] <= r["message_bytes"] <= allreduce.DECODE_BYTES[1]]
-    assert rows
-    by_group: dict[tuple[str, str, int], list[float]] = {}
-    for r in rows:
-        by_group.setdefault((r["gpu"], r["implementation"], r["ranks"]), []).append(r["model_us"] / r["measured_us"])
-    medians = {key: statistics.median(ratios) for key, ratios in by_group.items()}
+    rows = [r for r in allreduce.compare(allreduce.load_tables()) if r["implementation"].startswith("vllm")]
+    medians = {key: ratio for key, (_, _, ratio, _) in allreduce.median_ratios(rows).items()}
+    assert medians
     outside = {key: round(m, 2) for key, m in medians.items() if not LOWEST_RATIO <= m <= HIGHEST_RATIO}
     assert not outside, f"model / measured all-reduce outside [{LOWEST_RATIO}, {HIGHEST_RATIO}]: {outside}"
     # The measured calls grow with the ranks faster than the model's: what the guard's low end watches.

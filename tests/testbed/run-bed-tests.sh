@@ -4,9 +4,9 @@
 # Extra arguments go to pytest. KVSCALE_BED_KEEP=1 leaves the bed up afterwards (debugging);
 # KVSCALE_BED_TEST_TIMEOUT_S (default 300) is the per-test deadline; KVSCALE_BED_TESTS (default
 # "tests/bed tests/e2e") the test paths (`make test-vllm` runs tests/realvllm here).
-# KVSCALE_BED_LANES (default 2): the bed tests run in that many pytest-xdist workers at once, a whole
-# file to a worker (most of their time is waiting on simulated load and start-ups, so two lanes
-# halve the wall time on 2 cores); then the tests marked `bed_exclusive` (faults that restart the
+# KVSCALE_BED_LANES (default 3): the bed tests run in that many pytest-xdist workers at once, a whole
+# file to a worker (most of their time is waiting on simulated load and start-ups: with three lanes
+# the 2 cores were still idle half the time); then the tests marked `bed_exclusive` (faults that restart the
 # API server, cluster-wide operators, the CRD upgrade, the multi-node tests that take every H100
 # node) run alone. KVSCALE_BED_LANES=1 runs everything in one pytest, in order.
 set -uo pipefail
@@ -37,7 +37,7 @@ tb_log "bed up in $((T1 - T0))s; running the bed tests"
 # (a CI report shows only the end of the output).
 PYTEST_OUT="$LOGS/../pytest-bed.out"
 : >"$PYTEST_OUT"
-LANES=${KVSCALE_BED_LANES:-2}
+LANES=${KVSCALE_BED_LANES:-3}
 bed_pytest() {  # a pytest over the bed tests (extra arguments first), its output kept; prints its exit status
   local started rc
   started=$(date +%s)

@@ -71,6 +71,7 @@ bench: venv
 	$(PY) benchmarks/model_vs_sim.py
 	$(PY) benchmarks/kernel_steps.py
 	$(PY) benchmarks/allreduce.py
+	$(PY) benchmarks/gemm_shards.py
 	$(PY) benchmarks/planner_speed.py
 	$(PY) benchmarks/autoscaling.py
 	$(PY) benchmarks/forecasters.py

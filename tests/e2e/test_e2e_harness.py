@@ -33,6 +33,11 @@ def test_operator_pods_become_scraped_simulators_that_serve_replayed_load(
         kube: Kube, prometheus: Prometheus, namespace: str) -> None:
     install_crd(kube)
     document = load_document(EXAMPLE)
+    # Recommend: the operator creates the planned pods but never changes their number. In Auto it may scale
+    # during the replayed load, and a replica it removes takes its simulator, Prometheus target and counter
+    # along (the cold CI run at 30565c1, three lanes: 5 simulators came and went, the counted total fell
+    # below the requests served). Autoscaling has its own e2e tests; this one checks the pipeline.
+    document["spec"]["scaling"]["mode"] = "Recommend"
     name = document["metadata"]["name"]
     chosen = plan_deployment(build_plan_inputs(load_resource(EXAMPLE).spec)).chosen
     assert chosen is not None
@@ -73,10 +78,10 @@ def test_operator_pods_become_scraped_simulators_that_serve_replayed_load(
         assert not report.failed, report.summary()
         assert len(report.completed) == len(schedule)
         assert all(r.tokens == r.max_tokens and r.ttft_s is not None and r.ttft_s > 0 for r in report.completed)
-        # (the operator may scale the Deployment meanwhile: then the new pods' simulators serve too)
+        # the planned simulators, and only they, served (Recommend never changes the Deployment)
         started = {endpoint for _t, event, pod, endpoint in sims.history if event == "start" and
                    pod.startswith(f"{namespace}/")}
-        assert set(endpoints) <= started and {r.endpoint for r in report.completed} <= started
+        assert started == set(endpoints) and {r.endpoint for r in report.completed} <= started
         summary = report.summary()
         assert summary["ttft_p95_s"] is not None and summary["tpot_p50_s"] is not None
 

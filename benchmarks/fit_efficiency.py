@@ -8,7 +8,8 @@ the engine's steps), minimising the mean of the headline per-metric median absol
 (NVIDIA GPUs with vLLM, TensorRT-LLM or NIM; accuracy.Comparison.headline). It starts from PRIOR,
 the physical guesses made before any fit. Leave-one-source-out: each source's figures are predicted
 with factors fitted from PRIOR without that source (never from the fit on all sources, which has
-seen it), so the printed cross-validated errors are out of sample.
+seen it), so the printed cross-validated errors are out of sample. Not fitted here: the fixed cost per GEMM
+and the GPUs' weight-streaming scales, which come from measured GEMM tables (benchmarks/gemm_shards.py).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 from accuracy import Comparison, headline_medians, load_measurements, median_errors, predict_measurement
 from kvscale.perfmodel import EfficiencyFactors
 
-# The physical guesses: 80% of peak HBM bandwidth for weights, 70% for KV reads, 60% of dense tensor
-# peak, 1.5 ms per engine step, no per-request overhead.
-PRIOR = EfficiencyFactors(hbm_bandwidth=0.80, compute=0.60, attention_bandwidth=0.70, step_overhead_s=1.5e-3,
+# The physical guesses: 85% of peak HBM bandwidth for weights (what measured Hopper GEMMs stream at beside
+# their fixed cost, benchmarks/gemm_shards.py; 80% until 2026-11-28), 70% for KV reads, 60% of dense tensor
+# peak, 1.5 ms per engine step, no per-request overhead (the fixed cost per GEMM is the kernel tables').
+PRIOR = EfficiencyFactors(hbm_bandwidth=0.85, compute=0.60, attention_bandwidth=0.70, step_overhead_s=1.5e-3,
                           request_overhead_s=0.0, prefill_overhead_s_per_layer=0.0)
 GRID: dict[str, tuple[float, ...]] = {
     "hbm_bandwidth": (0.7, 0.75, 0.8, 0.85, 0.9),

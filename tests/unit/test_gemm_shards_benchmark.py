@@ -14,10 +14,10 @@ from benchmarks_loader import load_benchmark
 
 from kvscale.perfmodel import DEFAULT_EFFICIENCY
 
-# Measured: 0.58 (8B at TP8 on the A100, whose small matrices stream slowest) to 1.16 (70B at TP1 on the
-# H100, which streams above the fitted 0.75). A term outside this band has left the measured GEMMs behind.
-LOWEST_RATIO = 0.5
-HIGHEST_RATIO = 1.3
+# Measured 2026-11-28: 0.95 to 1.15 (every shard of both GPUs); 0.58-1.16 before the
+# fixed cost per GEMM and the A100's streaming scale. A term outside this band has left the measured GEMMs behind.
+LOWEST_RATIO = 0.85
+HIGHEST_RATIO = 1.25
 
 
 def test_the_data_covers_two_gpus_the_decode_batches_and_the_shard_sizes() -> None:
@@ -61,9 +61,15 @@ def test_model_over_measured_stays_in_a_band_and_small_shards_stream_slower() ->
         assert shares == sorted(shares, reverse=True), (gpu, model, shares)
 
 
-def test_a_fixed_cost_per_gemm_fits_the_grid_better_than_streaming_alone() -> None:
+def test_a_fixed_cost_per_gemm_fits_the_grid_better_than_streaming_alone_and_the_model_carries_it() -> None:
     gemm = load_benchmark("gemm_shards")
     for table in gemm.load_tables()["tables"]:
         fitted = gemm.fit_streaming_form(table)
         assert 0.5 < fitted.hbm_share < 1.0 and 1.0 < fitted.fixed_us < 15.0, fitted
-        assert fitted.median_error < 0.5 * gemm.form_error(table, DEFAULT_EFFICIENCY.hbm_bandwidth, 0.0)
+        share = gemm.model_streaming_share(table["gpu"])
+        assert fitted.median_error < 0.5 * gemm.form_error(table, share, 0.0)
+        # The model's own form (its share on this GPU, fitted end to end, and its fixed cost) is near the grid's
+        # best and well ahead of streaming alone: 8.8% and 11.9% against 6.8% and 6.6% (2026-11-28).
+        model_error = gemm.form_error(table, share, DEFAULT_EFFICIENCY.gemm_fixed_s * 1e6)
+        assert model_error < fitted.median_error + 0.06, (table["gpu"], model_error, fitted)
+        assert model_error < 0.7 * gemm.form_error(table, share, 0.0), (table["gpu"], model_error)

@@ -24,7 +24,7 @@ def test_small_batch_decode_is_memory_bound_and_near_weight_read_time() -> None:
     assert weight_read_s < step < 2.5 * weight_read_s
     assert decode_bound(model, 1, 512) == "memory-bandwidth"
     assert decode_bound(model, 4096, 16) == "compute"  # short context: FLOPs outgrow weight reads
-    assert decode_bound(model, 4096, 512) == "memory-bandwidth"  # long context: KV reads dominate
+    assert decode_bound(model, 4096, 2048) == "memory-bandwidth"  # long context: KV reads dominate
 
 
 @settings(max_examples=40)
@@ -97,3 +97,31 @@ def test_quantiles_order(quantile: float) -> None:
     est_low = estimate_at_rate(_model(), RequestShape(1000, 200), 10.0, 128.0, quantile=0.5)
     est = estimate_at_rate(_model(), RequestShape(1000, 200), 10.0, 128.0, quantile=quantile)
     assert float(est.ttft_quantile_s) >= float(est_low.ttft_quantile_s) - 1e-12
+
+
+def test_every_gemm_of_a_pass_pays_a_fixed_cost_and_only_when_the_step_carries_tokens() -> None:
+    from dataclasses import replace
+
+    from kvscale.perfmodel.replica import gemm_calls_per_pass
+
+    dense = resolve_architecture("llama-3.1-8b")
+    assert gemm_calls_per_pass(dense) == 32 * 4 + 1  # QKV, output, gate-up, down per layer; the LM head
+    moe = resolve_architecture("deepseek-ai/DeepSeek-R1")
+    dense_layers = moe.num_layers - moe.num_moe_layers
+    assert gemm_calls_per_pass(moe) == moe.num_layers * 6 + dense_layers * 2 + moe.num_moe_layers * 5 + 1
+    model = _model()
+    free = build_replica_model(replace(model.setup, efficiency=replace(model.setup.efficiency, gemm_fixed_s=0.0)))
+    gap = model.pass_terms(8, 1024).linear_s - free.pass_terms(8, 1024).linear_s
+    assert float(gap) == pytest.approx(129 * model.setup.efficiency.gemm_fixed_s)
+    # a pass without tokens launches no GEMM (the weights term is the roofline's, as before)
+    assert float(model.pass_terms(0, 0).linear_s) == pytest.approx(float(free.pass_terms(0, 0).linear_s))
+
+
+def test_an_a100_streams_weights_at_its_measured_share_of_the_fitted_factor() -> None:
+    a100, h100 = find_gpu("A100-SXM-80GB"), find_gpu("H100-SXM")
+    assert a100.weight_streaming_scale == pytest.approx(0.82) and h100.weight_streaming_scale == 1.0
+    model = _model(gpu="A100-SXM-80GB")
+    eff = model.setup.efficiency
+    streaming_s = model.always_read_bytes / (a100.hbm_bandwidth_bytes_per_s * eff.hbm_bandwidth * 0.82)
+    fixed_s = model.gemm_calls_per_pass * eff.gemm_fixed_s
+    assert float(model.pass_terms(1, 16).linear_s) == pytest.approx(streaming_s + fixed_s, rel=1e-3)

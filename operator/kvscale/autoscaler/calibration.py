@@ -172,7 +172,8 @@ def _counter_factors(model: ReplicaModel, base: EfficiencyFactors, achieved: Ach
     default efficiency, the same product the model divides work by (kvscale.perfmodel.replica)."""
     gpu = model.setup.gpu
     decode = (None if achieved.hbm_bandwidth_bytes_per_s is None
-              else achieved.hbm_bandwidth_bytes_per_s / (gpu.hbm_bandwidth_bytes_per_s * base.hbm_bandwidth))
+              else achieved.hbm_bandwidth_bytes_per_s
+              / (gpu.hbm_bandwidth_bytes_per_s * base.hbm_bandwidth * gpu.weight_streaming_scale))
     prefill = (None if achieved.flops_per_s is None
                else achieved.flops_per_s / (model.linear_flops_per_s * base.compute))
     return decode, prefill

@@ -32,6 +32,7 @@ class GpuEntry(BaseModel):
     product_label: Annotated[str, Field(description="Value of the node label nvidia.com/gpu.product (or AMD's).")]
     resource_name: str = "nvidia.com/gpu"
     max_gpus_per_node: Annotated[int, Field(ge=1)] = 8
+    weight_streaming_scale: Annotated[float, Field(gt=0, le=1.5)] = 1.0
     usd_per_hour: Annotated[float, Field(gt=0)]
     source: str
     price_source: str = ""
@@ -55,6 +56,8 @@ class GpuSpec:
     max_gpus_per_node: int
     usd_per_hour: float
     inter_node_bytes_per_s: float = 0.0  # per GPU, one direction: what a pipeline stage boundary crosses
+    # Achieved weight-streaming share of decode GEMMs relative to Hopper's (the fitted factor's reference).
+    weight_streaming_scale: float = 1.0
 
     @property
     def inter_node_gbit_per_s(self) -> float:
@@ -80,4 +83,5 @@ class GpuSpec:
             max_gpus_per_node=entry.max_gpus_per_node,
             usd_per_hour=entry.usd_per_hour,
             inter_node_bytes_per_s=units.gbit_per_s_to_bytes_per_s(entry.inter_node_gbit_per_s),
+            weight_streaming_scale=entry.weight_streaming_scale,
         )

@@ -12,7 +12,7 @@ class EfficiencyFactors:
     fitted on what, and the cross-validated error, in docs/accuracy.md); the operator refits the speeds
     per deployment from live metrics."""
 
-    hbm_bandwidth: float = 0.75  # achieved / peak HBM bandwidth for weight and KV streaming (fitted)
+    hbm_bandwidth: float = 0.80  # achieved / peak HBM bandwidth for weight streaming, Hopper (fitted)
     compute: float = 0.60  # achieved / peak dense tensor throughput (prefill, large-batch decode) (fitted)
     interconnect: float = 0.70  # achieved / peak link bandwidth in all-reduce
     allreduce_latency_s: float = 12e-6  # fixed cost of one all-reduce call over NVLink/xGMI
@@ -24,11 +24,15 @@ class EfficiencyFactors:
     inter_node: float = 0.80  # (assumed)
     stage_transfer_latency_s: float = 100e-6  # (assumed)
     step_overhead_s: float = 2.0e-3  # scheduler, sampling, launch per engine step (fitted)
+    # A GEMM's fixed cost beside streaming its weights (a kernel's ramp and tail, what makes a TP8 shard's
+    # small matrices slower per byte): 5.6 us on an A100, 3.5 us on an H100 in AIConfigurator's vLLM bf16
+    # GEMM tables (benchmarks/gemm_shards.py); their mean, not fitted to end-to-end figures.
+    gemm_fixed_s: float = 4.5e-6
     attention_bandwidth: float = 0.90  # achieved / peak HBM bandwidth when reading the KV cache (fitted)
     # Per request, outside the engine's steps: HTTP, tokenization, the hand-off to the engine core
     # and the first token's way back; it adds to every TTFT (a share per model layer for the
     # prefill's CPU-side dispatch, as in measured-kernel planners).
-    request_overhead_s: float = 30e-3  # (fitted)
+    request_overhead_s: float = 20e-3  # (fitted)
     prefill_overhead_s_per_layer: float = 0.0  # (fitted: 0 on the published data)
 
     def ttft_overhead_s(self, num_layers: int) -> float:

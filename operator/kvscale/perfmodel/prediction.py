@@ -83,9 +83,12 @@ def decode_bound(model: ReplicaModel, batch: float, context_tokens: float) -> st
     eff = model.setup.efficiency
     gpu = model.setup.gpu
     arch = model.arch
-    bytes_s = (model.always_read_bytes + model.routed_expert_bytes * arch.num_moe_layers * arch.num_experts
-               + batch * float(model.effective_context(context_tokens)) * model.kv_bytes_per_token_per_layer
-               * arch.num_layers) / (gpu.hbm_bandwidth_bytes_per_s * eff.hbm_bandwidth)
+    # Weights and KV at the rates the step's terms read them (ReplicaModel.pass_terms).
+    weights_s = (model.always_read_bytes + model.routed_expert_bytes * arch.num_moe_layers * arch.num_experts) / (
+        gpu.hbm_bandwidth_bytes_per_s * eff.hbm_bandwidth * gpu.weight_streaming_scale)
+    kv_s = (batch * float(model.effective_context(context_tokens)) * model.kv_bytes_per_token_per_layer
+            * arch.num_layers) / (gpu.hbm_bandwidth_bytes_per_s * eff.attention_bandwidth)
+    bytes_s = weights_s + kv_s
     flops_s = batch * (model.linear_flops_per_token + model.expert_flops_per_token + model.lm_head_flops_per_token) / (
         model.linear_flops_per_s * eff.compute)
     return "compute" if flops_s > bytes_s else "memory-bandwidth"

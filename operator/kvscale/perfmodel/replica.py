@@ -144,6 +144,7 @@ class ReplicaModel:
     kv_bytes_per_token_per_layer: float  # per rank
     linear_flops_per_s: float
     attention_flops_per_s: float
+    gemm_calls_per_pass: float  # GEMM kernels of one pass through every layer, each paying a fixed cost
 
     @property
     def arch(self) -> ModelArchitecture:
@@ -252,8 +253,9 @@ class ReplicaModel:
         expert_share = routed / self.setup.data_parallel
         linear_flops = (tokens * self.linear_flops_per_token + expert_share * self.expert_flops_per_token
                         + logit_rows * self.lm_head_flops_per_token)
-        linear_s = np.maximum(weight_bytes / (bandwidth * eff.hbm_bandwidth),
-                              linear_flops / (self.linear_flops_per_s * eff.compute))
+        streaming = bandwidth * eff.hbm_bandwidth * gpu.weight_streaming_scale
+        linear_s = (np.maximum(weight_bytes / streaming, linear_flops / (self.linear_flops_per_s * eff.compute))
+                    + np.where(tokens > 0, self.gemm_calls_per_pass * eff.gemm_fixed_s, 0.0))
 
         ctx = self.effective_context(context_tokens)
         kv_bytes = decode * ctx * self.kv_bytes_per_token_per_layer * arch.num_layers
@@ -284,6 +286,16 @@ class ReplicaModel:
         return chunks * per_chunk
 
 
+def gemm_calls_per_pass(arch: ModelArchitecture) -> int:
+    """GEMM kernels of one decode pass (vLLM fuses Q, K and V into one, gate and up into another; a fused MoE
+    kernel runs all routed experts of a layer in two grouped GEMMs). MLA: the query's down and up
+    projections, the latent KV projection, the two absorbed per-head products and the output."""
+    attention = 6 if arch.is_mla else 2
+    moe_layers = arch.num_moe_layers
+    moe = 3 + (2 if arch.num_shared_experts else 0)  # router, two grouped expert GEMMs, the shared expert's two
+    return arch.num_layers * attention + (arch.num_layers - moe_layers) * 2 + moe_layers * moe + 1  # + LM head
+
+
 def build_replica_model(setup: ServingSetup) -> ReplicaModel:
     arch = setup.arch
     tp = setup.tensor_parallel
@@ -308,6 +320,7 @@ def build_replica_model(setup: ServingSetup) -> ReplicaModel:
         kv_bytes_per_token_per_layer=kv_bytes_per_token_per_layer(arch, setup.kv_cache_dtype, tp),
         linear_flops_per_s=linear_flops_per_s(setup.gpu, setup.precision),
         attention_flops_per_s=setup.gpu.bf16_flops_per_s,
+        gemm_calls_per_pass=float(gemm_calls_per_pass(arch)),
     )
 
 

@@ -1,5 +1,7 @@
 """Step-time roofline and serving model: monotonicity and regime checks."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -9,6 +11,7 @@ from kvscale.api.spec import Precision
 from kvscale.catalog import find_gpu, resolve_architecture
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency
 from kvscale.perfmodel.prediction import decode_bound
+from kvscale.perfmodel.replica import gemm_calls_per_pass
 from kvscale.perfmodel.serving import estimate_at_rate
 
 
@@ -100,10 +103,6 @@ def test_quantiles_order(quantile: float) -> None:
 
 
 def test_every_gemm_of_a_pass_pays_a_fixed_cost_and_only_when_the_step_carries_tokens() -> None:
-    from dataclasses import replace
-
-    from kvscale.perfmodel.replica import gemm_calls_per_pass
-
     dense = resolve_architecture("llama-3.1-8b")
     assert gemm_calls_per_pass(dense) == 32 * 4 + 1  # QKV, output, gate-up, down per layer; the LM head
     moe = resolve_architecture("deepseek-ai/DeepSeek-R1")

@@ -12,6 +12,7 @@ tests/bed/test_real_vllm_contract.py replays in `make test` (written to tests/be
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -124,7 +125,12 @@ def test_a_real_vllm_pod_is_observed_calibrated_and_scaled_sanely(
     assert status_busy.get("desiredReplicas") == 1 and deployment_replicas == 1, seen
     conditions = {c["type"]: c["status"] for c in status_busy.get("conditions", [])}
     assert conditions.get("MetricsUnavailable") != "True", (conditions, seen)
-    # A read every 2 s, each waiting on the busy API server: 49 and 51 of 65 in two runs of 2026-11-28 on the
-    # 2-core machine (a slow session for the CPU vLLM), enough for the replayed contract; fewer than 70%
-    # would leave gaps of several scrape intervals in it.
-    assert len(snapshots) >= (BUSY_S + QUIET_S) / capture.interval_s * 0.7
+    # A read every 2 s, each waiting on the busy API server, so the count varies with the machine's load (57 of
+    # 65 in the committed capture, 49-51 in a slow session, 43 with a benchmark niced beside the run). What the
+    # replayed contract needs is the whole run covered without a hole wider than a few scrape intervals: the
+    # largest gap was 3.4 s in the committed capture and 7.1 s in the run of 43 (2026-11-28).
+    times = [snapshot.t_s for snapshot in snapshots]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert times[0] <= capture.interval_s and times[-1] >= BUSY_S + QUIET_S - 2 * capture.interval_s, times
+    assert max(gaps) <= 5 * capture.interval_s, sorted(gaps)[-5:]
+    assert len(snapshots) >= (BUSY_S + QUIET_S) / capture.interval_s * 0.5

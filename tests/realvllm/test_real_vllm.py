@@ -133,5 +133,5 @@ def test_a_real_vllm_pod_is_observed_calibrated_and_scaled_sanely(
     times = [snapshot.t_s for snapshot in snapshots]
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert times[0] <= capture.interval_s and times[-1] >= BUSY_S + QUIET_S - 2 * capture.interval_s, times
-    assert max(gaps) <= 10 * capture.interval_s, sorted(gaps)[-5:]
+    assert max(gaps) <= WINDOW_S / 3, sorted(gaps)[-5:]
     assert len(snapshots) >= (BUSY_S + QUIET_S) / capture.interval_s * 0.5

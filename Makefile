@@ -72,6 +72,7 @@ bench: venv
 	$(PY) benchmarks/kernel_steps.py
 	$(PY) benchmarks/allreduce.py
 	$(PY) benchmarks/gemm_shards.py
+	$(PY) benchmarks/moe_kernels.py
 	$(PY) benchmarks/capacity.py
 	$(PY) benchmarks/planner_speed.py
 	$(PY) benchmarks/autoscaling.py

@@ -27,7 +27,8 @@ from kvscale.perfmodel import DEFAULT_EFFICIENCY, ReplicaModel, ServingSetup, bu
 
 DATA = Path(__file__).parent / "data" / "kernel_steps"
 GPU_BY_DEVICE_NAME = {"NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100-SXM"}
-REPEAT_SUFFIX = "-repeat"  # a second run of the same cases on another machine of the kind: the spread
+REPEAT_MARK = "-repeat"  # a later run of the same cases on another machine of the kind: the spread
+LOOP_SUFFIX = "-loop"  # MoE shards with one cuBLAS GEMM per expert instead of PyTorch's grouped GEMM
 LARGE_KV_READ = 65_536  # decodes x cache length from which the KV reads outweigh the kernels' fixed costs
 PROMPT_CHUNK = 1024  # prompt tokens in a step from which the linear layers are tensor-bound here
 
@@ -52,7 +53,21 @@ class Comparison:
         return self.predicted_s / self.measured_s
 
 
-def regime_of(part: str, decodes: int, context: int, prefill: int) -> str:
+def is_side_run(path: Path) -> bool:
+    """A repeat or a kernel variant: read for its spread against the main run, not compared itself."""
+    return REPEAT_MARK in path.stem or path.stem.endswith(LOOP_SUFFIX)
+
+
+def regime_of(part: str, decodes: int, context: int, prefill: int, moe: bool = False) -> str:
+    if moe:  # PyTorch's grouped GEMM over the routed experts; routing's gather and scatter unfused
+        if part == "linear":
+            if prefill == 0:
+                return "MoE linear (grouped GEMM): decode batch 1-256"
+            if decodes == 0:
+                return f"MoE linear (grouped GEMM): prompt chunk >= {PROMPT_CHUNK} tokens"
+            return "MoE linear (grouped GEMM): mixed"
+        if part == "step":
+            return "MoE whole step (routing's gather/scatter unfused)"
     if part.startswith("linear"):
         precision = " fp8" if part == "linear_fp8" else ""
         if prefill == 0:
@@ -78,10 +93,12 @@ def _achieved(model: ReplicaModel, part: str, decodes: int, context: int, prefil
     """(achieved fraction of the datasheet peak, the model's factor) for the regime's bound resource."""
     eff = model.setup.efficiency
     bandwidth = model.setup.gpu.hbm_bandwidth_bytes_per_s
-    if part.startswith("linear") and prefill == 0 and decodes <= 64:
-        return model.always_read_bytes / measured_s / bandwidth, eff.hbm_bandwidth
+    if part.startswith("linear") and prefill == 0 and (decodes <= 64 or model.arch.is_moe):
+        return float(model.weight_bytes_per_pass(decodes)) / measured_s / bandwidth, eff.hbm_bandwidth
     if part.startswith("linear") and decodes == 0 and prefill >= PROMPT_CHUNK:
-        flops = prefill * model.linear_flops_per_token + model.lm_head_flops_per_token
+        # Expert FLOPs as the model counts them: at the share of the dense rate their width reaches.
+        per_token = model.linear_flops_per_token + model.expert_flops_per_token / model.expert_compute_share
+        flops = prefill * per_token + model.lm_head_flops_per_token
         return flops / measured_s / model.linear_flops_per_s, eff.compute
     if part == "attention" and prefill == 0 and decodes * context >= LARGE_KV_READ:
         kv_bytes = decodes * context * model.kv_bytes_per_token_per_layer * model.arch.num_layers
@@ -114,8 +131,8 @@ def compare_file(path: Path) -> list[Comparison]:
                      "attention": attention_s, "step": float(terms.linear_s) + attention_s}[part]
         achieved, factor = _achieved(model, part, decodes, context, prefill, timing["mean_s"])
         rows.append(Comparison(gpu.name, timing["model"], tp, part, decodes, context, prefill,
-                               regime_of(part, decodes, context, prefill), timing["mean_s"], predicted,
-                               achieved, factor))
+                               regime_of(part, decodes, context, prefill, model.arch.is_moe), timing["mean_s"],
+                               predicted, achieved, factor))
     return rows
 
 
@@ -124,6 +141,8 @@ def fixed_costs(rows: list[Comparison]) -> dict[tuple[str, str], dict[str, float
     linear layers and attention (norms, RoPE, activations, residuals: unfused PyTorch ops here)."""
     found: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for row in rows:
+        if row.regime.startswith("MoE"):  # their step adds unfused routing, not what this reads
+            continue
         if (row.decode_seqs, row.context_tokens, row.prefill_tokens) == (1, 1024, 0):
             found[(row.gpu, f"{row.model} TP{row.tensor_parallel}")][row.part] = row.measured_s
     out = {}
@@ -135,15 +154,19 @@ def fixed_costs(rows: list[Comparison]) -> dict[tuple[str, str], dict[str, float
     return out
 
 
-def repeat_spread(paths: list[Path]) -> list[tuple[str, int, float, float]]:
-    """(file, matched timings, median and largest |relative difference|) between a run and its repeat."""
+def side_run_spread(paths: list[Path]) -> list[tuple[str, int, float, float]]:
+    """(file, matched timings, median and largest relative difference) between a side run and its main run:
+    a repeat on another machine (|difference|), or a MoE kernel variant (its time / the main run's - 1)."""
     out = []
     for path in paths:
-        if not path.stem.endswith(REPEAT_SUFFIX):
+        if not is_side_run(path):
             continue
-        first = path.with_name(path.stem[: -len(REPEAT_SUFFIX)] + path.suffix)
+        stem = path.stem.split(REPEAT_MARK)[0] if REPEAT_MARK in path.stem else path.stem[: -len(LOOP_SUFFIX)]
+        first = path.with_name(stem + path.suffix)
         if not first.exists():
             continue
+        if path.stem.endswith(LOOP_SUFFIX):
+            continue  # loop_against_grouped
 
         def index(p: Path) -> dict[tuple[Any, ...], float]:
             report = json.loads(p.read_text())
@@ -157,13 +180,32 @@ def repeat_spread(paths: list[Path]) -> list[tuple[str, int, float, float]]:
     return out
 
 
+def loop_against_grouped(paths: list[Path]) -> dict[str, tuple[int, float, float, float]]:
+    """Per MoE model: (timings, median, min, max) of the linear layers' time with one cuBLAS GEMM per expert
+    over their time with PyTorch's grouped GEMM (same machine kind, same routing)."""
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for path in paths:
+        if not path.stem.endswith(LOOP_SUFFIX):
+            continue
+        first = path.with_name(path.stem[: -len(LOOP_SUFFIX)] + path.suffix)
+        if not first.exists():
+            continue
+        grouped = {(t["model"], t["decode_seqs"], t["context_tokens"], t["prefill_tokens"]): t["mean_s"]
+                   for t in json.loads(first.read_text())["timings"] if t["part"] == "linear"}
+        for t in json.loads(path.read_text())["timings"]:
+            key = (t["model"], t["decode_seqs"], t["context_tokens"], t["prefill_tokens"])
+            if t["part"] == "linear" and key in grouped:
+                ratios[t["model"]].append(t["mean_s"] / grouped[key])
+    return {model: (len(r), statistics.median(r), min(r), max(r)) for model, r in ratios.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="every comparison")
     parser.add_argument("--json", help="write every comparison here")
     args = parser.parse_args()
     paths = sorted(DATA.glob("*.json"))
-    rows = [row for path in paths if not path.stem.endswith(REPEAT_SUFFIX) for row in compare_file(path)]
+    rows = [row for path in paths if not is_side_run(path) for row in compare_file(path)]
     if not rows:
         print(f"no measurements under {DATA}", file=sys.stderr)
         return 1
@@ -188,9 +230,14 @@ def main() -> int:
     for (gpu, shard), costs in sorted(fixed_costs(rows).items()):
         print(f"  {gpu:9s} {shard:42s} attention {costs['attention_us_per_layer']:5.1f} us, "
               f"norms/RoPE/activations {costs['other_us_per_layer']:5.1f} us")
-    for name, matched, median, largest in repeat_spread(paths):
+    for name, matched, median, largest in side_run_spread(paths):
         print(f"\nrun-to-run spread ({name} against its first run, another machine of the kind): "
               f"{matched} timings, median {median:.1%}, largest {largest:.1%}")
+    loops = loop_against_grouped(paths)
+    if loops:
+        print("\nMoE linear layers with one cuBLAS GEMM per expert, time / PyTorch's grouped GEMM's:")
+        for model, (count, median, low, high) in sorted(loops.items()):
+            print(f"  {model:42s} {count:2d} timings: median {median:.2f} ({low:.2f}-{high:.2f})")
     if args.verbose:
         print()
         for row in rows:

@@ -48,12 +48,22 @@ MODELS: dict[str, dict[str, int]] = {
     "meta-llama/Llama-3.1-70B-Instruct": dict(hidden=8192, layers=80, heads=64, kv_heads=8, head_dim=128,
                                               ffn=28672, vocab=128256),
     "Qwen/Qwen3-32B": dict(hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128, ffn=25600, vocab=151936),
+    # Mixture-of-experts: every layer routes each token to `top_k` of `experts` FFNs of width `ffn`.
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128,
+                                                 ffn=14336, vocab=32000, experts=8, top_k=2),
+    "Qwen/Qwen3-30B-A3B": dict(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=768,
+                               vocab=151936, experts=128, top_k=8),
+    "Qwen/Qwen3-235B-A22B": dict(hidden=4096, layers=94, heads=64, kv_heads=4, head_dim=128, ffn=1536,
+                                 vocab=151936, experts=128, top_k=8),
 }
 # (model, tensor_parallel, whether FP8 linear layers are timed too)
 SHARDS = (
     ("meta-llama/Llama-3.1-8B-Instruct", 1, True),
     ("meta-llama/Llama-3.1-70B-Instruct", 4, True),
     ("Qwen/Qwen3-32B", 2, False),
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", 2, False),
+    ("Qwen/Qwen3-30B-A3B", 1, False),
+    ("Qwen/Qwen3-235B-A22B", 8, False),
 )
 # (decodes, their cache length, prompt tokens prefilled in the step as one prompt's first chunk)
 STEPS = (
@@ -63,9 +73,16 @@ STEPS = (
     (64, 1024, 2048), (128, 1024, 512),
 )
 FP8_STEPS = ((1, 1024, 0), (64, 1024, 0), (256, 1024, 0), (0, 0, 2048), (0, 0, 8192))
+# Mixture-of-experts shards: decode batches touch from top_k to all experts; prompt chunks touch all.
+MOE_STEPS = (
+    (1, 1024, 0), (8, 1024, 0), (32, 1024, 0), (64, 1024, 0), (128, 1024, 0), (256, 1024, 0),
+    (0, 0, 1024), (0, 0, 4096), (0, 0, 8192), (64, 1024, 2048),
+)
 MAX_CACHED_TOKENS = 262_144  # decodes x cache length, the largest case above
 # --smoke: the same code paths on the CPU with a tiny model, to check the script without a GPU.
 SMOKE_MODEL = dict(hidden=256, layers=2, heads=8, kv_heads=2, head_dim=32, ffn=512, vocab=1024)
+SMOKE_MOE_MODEL = dict(hidden=256, layers=2, heads=8, kv_heads=2, head_dim=32, ffn=128, vocab=1024, experts=8,
+                       top_k=2)
 SMOKE_STEPS = ((1, 64, 0), (4, 128, 0), (0, 0, 64), (4, 64, 32))
 EPS = 1e-6
 
@@ -99,7 +116,7 @@ class Shard:
 
     def __init__(self, name: str, tp: int, device: torch.device, dtype: torch.dtype,
                  max_cached_tokens: int = MAX_CACHED_TOKENS) -> None:
-        cfg = MODELS.get(name, SMOKE_MODEL)
+        cfg = MODELS.get(name, SMOKE_MOE_MODEL if name == "smoke-moe" else SMOKE_MODEL)
         self.name, self.tp, self.device, self.dtype = name, tp, device, dtype
         self.hidden = cfg["hidden"]
         self.layers = cfg["layers"]
@@ -117,8 +134,22 @@ class Shard:
         # [out, in] as vLLM keeps them (F.linear computes x @ W^T).
         self.wqkv = [weight(self.qkv_width, self.hidden) for _ in range(self.layers)]
         self.wo = [weight(self.hidden, q) for _ in range(self.layers)]
-        self.w13 = [weight(2 * self.ffn, self.hidden) for _ in range(self.layers)]
-        self.w2 = [weight(self.hidden, self.ffn) for _ in range(self.layers)]
+        self.experts, self.top_k = cfg.get("experts", 0), cfg.get("top_k", 0)
+        if self.experts:
+            # Every GPU holds every expert, each sliced by TP (vLLM's fused MoE without expert parallelism):
+            # [experts, out, in] per layer, and the router's [experts, hidden].
+            self.router = [weight(self.experts, self.hidden) for _ in range(self.layers)]
+            def stacked(rows: int, cols: int) -> torch.Tensor:
+                return torch.empty(self.experts, rows, cols, device=device, dtype=dtype).normal_(0.0, 0.02)
+
+            self.w13 = [stacked(2 * self.ffn, self.hidden) for _ in range(self.layers)]
+            self.w2 = [stacked(self.hidden, self.ffn) for _ in range(self.layers)]
+            self.grouped = pick_grouped_gemm(device, dtype)
+        else:
+            self.router = []
+            self.w13 = [weight(2 * self.ffn, self.hidden) for _ in range(self.layers)]
+            self.w2 = [weight(self.hidden, self.ffn) for _ in range(self.layers)]
+            self.grouped = ""
         self.norms = [torch.ones(self.hidden, device=device, dtype=dtype) for _ in range(2 * self.layers + 1)]
         self.lm_head = weight(self.vocab, self.hidden)
         per_layer = max_cached_tokens * self.kv_heads * self.head_dim
@@ -127,7 +158,7 @@ class Shard:
         self.fp8: dict[str, list[torch.Tensor]] = {}
 
     def weight_bytes(self) -> int:
-        tensors = [*self.wqkv, *self.wo, *self.w13, *self.w2, self.lm_head]
+        tensors = [*self.wqkv, *self.wo, *self.router, *self.w13, *self.w2, self.lm_head]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def make_fp8(self) -> None:
@@ -154,6 +185,64 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def pick_grouped_gemm(device: torch.device, dtype: torch.dtype) -> str:
+    """'grouped_mm' where PyTorch's grouped GEMM (CUTLASS on Hopper) runs and agrees with a loop over the
+    experts, else 'loop' (one GEMM per expert that has tokens, which costs a launch per expert)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return "loop"
+    try:
+        x = torch.randn(48, 64, device=device, dtype=dtype)
+        w = torch.randn(4, 32, 64, device=device, dtype=dtype)
+        counts = [16, 0, 24, 8]
+        offs = torch.tensor(counts, device=device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        got = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        want = grouped_loop(x, w, counts)
+        if torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-1):
+            return "grouped_mm"
+        print("grouped_mm disagrees with the loop; using the loop", file=sys.stderr)
+    except (RuntimeError, TypeError) as err:
+        print(f"grouped_mm unavailable ({err}); using the loop", file=sys.stderr)
+    return "loop"
+
+
+def grouped_loop(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    out = torch.empty(x.shape[0], w.shape[1], device=x.device, dtype=x.dtype)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            out[start:start + count] = F.linear(x[start:start + count], w[expert])
+        start += count
+    return out
+
+
+@dataclass
+class Routing:
+    """A fixed top-k routing of a step's tokens, drawn uniformly (every expert equally likely, k distinct per
+    token), sorted by expert as a fused MoE kernel groups them. Fixed when the step is built, so the graph
+    captures its shapes; the router's GEMM and top-k still run in the whole step."""
+
+    token_of_slot: torch.Tensor  # [tokens * k]: which token each expert-sorted slot serves
+    weight_of_slot: torch.Tensor  # [tokens * k, 1]
+    counts: list[int]  # tokens per expert
+    offsets: torch.Tensor  # int32 cumulative counts, as grouped_mm takes them
+
+    @property
+    def experts_touched(self) -> int:
+        return sum(1 for c in self.counts if c)
+
+
+def draw_routing(tokens: int, experts: int, top_k: int, device: torch.device, dtype: torch.dtype,
+                 generator: torch.Generator) -> Routing:
+    choice = torch.rand(tokens, experts, generator=generator).argsort(dim=-1)[:, :top_k]  # on the CPU
+    expert_of_slot = choice.reshape(-1)
+    order = expert_of_slot.argsort(stable=True)
+    token_of_slot = (torch.arange(tokens).repeat_interleave(top_k))[order]
+    counts = torch.bincount(expert_of_slot, minlength=experts).tolist()
+    offsets = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    weights = torch.full((tokens * top_k, 1), 1.0 / top_k)
+    return Routing(token_of_slot.to(device), weights.to(device=device, dtype=dtype), counts, offsets.to(device))
 
 
 def attention(shard: Shard, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -205,6 +294,27 @@ def build_step(shard: Shard, part: str, decodes: int, context: int, prefill: int
     sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(dt)[:, None, :]
     logit_rows = decodes + (1 if prefill else 0)
     scale = torch.ones((), device=dev, dtype=torch.float32)
+    routing = (draw_routing(tokens, shard.experts, shard.top_k, dev, dt, torch.Generator().manual_seed(tokens))
+               if shard.experts else None)
+    if routing is not None:
+        slots = tokens * shard.top_k
+        routed_static = torch.randn(slots, shard.hidden, device=dev, dtype=dt)
+        routed_act_static = torch.randn(slots, shard.ffn, device=dev, dtype=dt)
+
+    def experts(layer: int, x_sorted: torch.Tensor, which: str) -> torch.Tensor:
+        assert routing is not None
+        w = (shard.w13 if which == "w13" else shard.w2)[layer]
+        if shard.grouped == "grouped_mm":
+            return torch._grouped_mm(x_sorted, w.transpose(-2, -1), offs=routing.offsets)
+        return grouped_loop(x_sorted, w, routing.counts)
+
+    def moe(layer: int, h: torch.Tensor) -> torch.Tensor:
+        assert routing is not None
+        logits = F.linear(h, shard.router[layer])
+        torch.topk(torch.softmax(logits.float(), dim=-1), shard.top_k, dim=-1)  # the router's work; routing is fixed
+        gate, up = experts(layer, h.index_select(0, routing.token_of_slot), "w13").chunk(2, dim=-1)
+        routed = experts(layer, F.silu(gate) * up, "w2") * routing.weight_of_slot
+        return torch.zeros_like(h).index_add_(0, routing.token_of_slot, routed)
 
     def linear(key: str, layer: int, x: torch.Tensor) -> torch.Tensor:
         if part == "linear_fp8":
@@ -221,6 +331,11 @@ def build_step(shard: Shard, part: str, decodes: int, context: int, prefill: int
             if part in ("linear", "linear_fp8"):
                 linear("wqkv", layer, x0)
                 linear("wo", layer, attn_out)
+                if routing is not None:
+                    F.linear(x0, shard.router[layer])
+                    experts(layer, routed_static, "w13")
+                    experts(layer, routed_act_static, "w2")
+                    continue
                 linear("w13", layer, x0)
                 linear("w2", layer, act_static)
                 continue
@@ -236,6 +351,9 @@ def build_step(shard: Shard, part: str, decodes: int, context: int, prefill: int
             attention(shard, layer, q, k, v.contiguous(), decodes, context, prefill, attn_out)
             x = x + F.linear(attn_out, shard.wo[layer])
             h = rms_norm(x, shard.norms[2 * layer + 1])
+            if routing is not None:
+                x = x + moe(layer, h)
+                continue
             gate, up = F.linear(h, shard.w13[layer]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, shard.w2[layer])
         if part == "attention":
@@ -323,14 +441,16 @@ def main() -> int:
     began = time.monotonic()
     if args.smoke:
         device, timer = torch.device("cpu"), time_eager
-        shards: tuple[tuple[str, int, bool], ...] = (("smoke", 1, False), ("smoke", 2, False))
-        steps, max_cached = SMOKE_STEPS, 512
+        shards: tuple[tuple[str, int, bool], ...] = (("smoke", 1, False), ("smoke", 2, False),
+                                                     ("smoke-moe", 1, False), ("smoke-moe", 2, False))
+        steps, moe_steps, max_cached = SMOKE_STEPS, SMOKE_STEPS, 512
         report = Report(device="cpu (smoke)", torch_version=torch.__version__, cuda_version="")
     elif not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
     else:
-        device, timer, shards, steps, max_cached = torch.device("cuda"), time_graph, SHARDS, STEPS, MAX_CACHED_TOKENS
+        device, timer, shards, max_cached = torch.device("cuda"), time_graph, SHARDS, MAX_CACHED_TOKENS
+        steps, moe_steps = STEPS, MOE_STEPS
         report = Report(device=torch.cuda.get_device_name(device), torch_version=torch.__version__,
                         cuda_version=str(torch.version.cuda))
         report.ceilings = measure_ceilings(device)
@@ -347,8 +467,10 @@ def main() -> int:
             report.errors.append(f"deadline: {name} TP{tp} not measured")
             continue
         shard = Shard(name, tp, device, torch.bfloat16, max_cached)
-        print(f"{name} TP{tp}: {shard.weight_bytes() / 1e9:.1f} GB of weights per GPU", flush=True)
-        parts = [("step", steps), ("linear", steps), ("attention", steps)]
+        print(f"{name} TP{tp}: {shard.weight_bytes() / 1e9:.1f} GB of weights per GPU"
+              + (f", experts by {shard.grouped}" if shard.experts else ""), flush=True)
+        shard_steps = moe_steps if shard.experts else steps
+        parts = [("step", shard_steps), ("linear", shard_steps), ("attention", shard_steps)]
         if with_fp8:
             shard.make_fp8()
             parts.append(("linear_fp8", FP8_STEPS))
@@ -372,7 +494,13 @@ def main() -> int:
                         torch.cuda.synchronize()
                     continue
                 del step  # its closure holds the shard, which must go before the next one is built
-                report.timings.append(Timing(name, tp, part, decodes, context, prefill, mean_s, min_s, replays))
+                note = ""
+                if shard.experts:  # the same seeded draw build_step made: which experts this step's GEMMs read
+                    touched = draw_routing(decodes + prefill, shard.experts, shard.top_k, torch.device("cpu"),
+                                           shard.dtype, torch.Generator().manual_seed(decodes + prefill))
+                    note = f"experts {shard.grouped}; touched {touched.experts_touched} of {shard.experts} per layer"
+                report.timings.append(Timing(name, tp, part, decodes, context, prefill, mean_s, min_s, replays,
+                                             note))
                 print(f"  {part:10s} decodes {decodes:4d} ctx {context:6d} prefill {prefill:5d}: "
                       f"{mean_s * 1e3:9.3f} ms (min {min_s * 1e3:.3f}, {replays} replays)", flush=True)
             save()

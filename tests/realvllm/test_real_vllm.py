@@ -42,6 +42,10 @@ def _status(kube: Kube, namespace: str) -> dict[str, Any]:
     return dict(llmdeployment(kube, namespace, NAME).get("status") or {})
 
 
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c.get("type") == kind), {})
+
+
 def test_a_real_vllm_pod_is_observed_calibrated_and_scaled_sanely(
         kube: Kube, prometheus: Prometheus, namespace: str) -> None:
     venv = vllm_venv()
@@ -67,6 +71,14 @@ def test_a_real_vllm_pod_is_observed_calibrated_and_scaled_sanely(
         deployment_replicas = kube.apps.read_namespaced_deployment(NAME, namespace).spec.replicas
         busy.stop()
         quiet = ClosedLoop(endpoint, model, QUIET_CLIENTS, abort_every=0).start(t0)
+        # A Prometheus query that times out on a loaded 2-core machine sets MetricsUnavailable for a pass (the
+        # operator then holds its replicas, as it must; seen once in a cold CI run, 2026-11-28); a metric
+        # path the operator cannot use keeps it set. So: set at the busy read, it must clear while vLLM serves.
+        unavailable = _condition(status_busy, "MetricsUnavailable")
+        if unavailable.get("status") == "True":
+            wait_until(lambda: _condition(_status(kube, namespace), "MetricsUnavailable").get("status") != "True",
+                       QUIET_S, f"MetricsUnavailable to clear (at the busy read: {unavailable.get('message')})",
+                       interval=2.0)
         wait_until(lambda: time.monotonic() - t0 >= BUSY_S + QUIET_S, QUIET_S + 30, "the quiet phase", interval=1.0)
         quiet.stop()
         snapshots = capture.stop()
@@ -123,8 +135,6 @@ def test_a_real_vllm_pod_is_observed_calibrated_and_scaled_sanely(
     if decision is not None:
         assert 1 <= decision["toReplicas"] <= 4 and "calibrated goodput" in decision["reason"], seen
     assert status_busy.get("desiredReplicas") == 1 and deployment_replicas == 1, seen
-    conditions = {c["type"]: c["status"] for c in status_busy.get("conditions", [])}
-    assert conditions.get("MetricsUnavailable") != "True", (conditions, seen)
     # A read every 2 s, each waiting on the busy API server, so the count varies with the machine's load (57 of
     # 65 in the committed capture, 49-51 in a slow session, 43 with a benchmark niced beside the run). What the
     # replayed contract needs is the whole run covered, with no hole a third as long as the operator's 60-s rate

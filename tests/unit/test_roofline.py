@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from kvscale.api.spec import Precision
 from kvscale.catalog import find_gpu, resolve_architecture
-from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency
+from kvscale.perfmodel import (
+    DEFAULT_EFFICIENCY,
+    RequestShape,
+    ServingSetup,
+    build_replica_model,
+    estimate_at_concurrency,
+)
 from kvscale.perfmodel.prediction import decode_bound
 from kvscale.perfmodel.replica import gemm_calls_per_pass
 from kvscale.perfmodel.serving import estimate_at_rate
@@ -107,13 +113,36 @@ def test_every_gemm_of_a_pass_pays_a_fixed_cost_and_only_when_the_step_carries_t
     assert gemm_calls_per_pass(dense) == 32 * 4 + 1  # QKV, output, gate-up, down per layer; the LM head
     moe = resolve_architecture("deepseek-ai/DeepSeek-R1")
     dense_layers = moe.num_layers - moe.num_moe_layers
-    assert gemm_calls_per_pass(moe) == moe.num_layers * 6 + dense_layers * 2 + moe.num_moe_layers * 5 + 1
+    # a MoE layer's router and shared expert are GEMMs; its fused routed-expert kernel pays moe_call_fixed_s
+    assert gemm_calls_per_pass(moe) == moe.num_layers * 6 + dense_layers * 2 + moe.num_moe_layers * 3 + 1
     model = _model()
     free = build_replica_model(replace(model.setup, efficiency=replace(model.setup.efficiency, gemm_fixed_s=0.0)))
     gap = model.pass_terms(8, 1024).linear_s - free.pass_terms(8, 1024).linear_s
     assert float(gap) == pytest.approx(129 * model.setup.efficiency.gemm_fixed_s)
     # a pass without tokens launches no GEMM (the weights term is the roofline's, as before)
     assert float(model.pass_terms(0, 0).linear_s) == pytest.approx(float(free.pass_terms(0, 0).linear_s))
+
+
+def test_a_moe_layer_pays_the_fused_kernels_fixed_cost_once() -> None:
+    model = _model("Qwen/Qwen3-30B-A3B")
+    eff = model.setup.efficiency
+    free = build_replica_model(replace(model.setup, efficiency=replace(eff, moe_call_fixed_s=0.0)))
+    gap = model.pass_terms(8, 1024).linear_s - free.pass_terms(8, 1024).linear_s
+    assert float(gap) == pytest.approx(48 * eff.moe_call_fixed_s)  # 48 MoE layers
+    assert float(model.pass_terms(0, 0).linear_s) == pytest.approx(float(free.pass_terms(0, 0).linear_s))
+
+
+def test_narrow_expert_slices_compute_at_a_smaller_share_of_the_dense_rate() -> None:
+    eff = DEFAULT_EFFICIENCY
+    assert eff.expert_compute_share(eff.expert_width_half_columns) == pytest.approx(0.5)
+    shares = [eff.expert_compute_share(columns) for columns in (96, 192, 384, 768, 14336)]
+    assert shares == sorted(shares) and shares[-1] > 0.95 and shares[0] < 0.3
+    # Qwen3-30B-A3B's 768-wide experts: TP8 slices them to 96 columns, a prompt's expert work slows
+    tp1, tp8 = _model("Qwen/Qwen3-30B-A3B"), _model("Qwen/Qwen3-30B-A3B", tp=8)
+    assert tp1.expert_compute_share == pytest.approx(eff.expert_compute_share(768))
+    assert tp8.expert_compute_share == pytest.approx(eff.expert_compute_share(96))
+    dense = _model()
+    assert dense.expert_compute_share == 1.0
 
 
 def test_an_a100_streams_weights_at_its_measured_share_of_the_fitted_factor() -> None:

@@ -89,8 +89,8 @@ def decode_bound(model: ReplicaModel, batch: float, context_tokens: float) -> st
     kv_s = (batch * float(model.effective_context(context_tokens)) * model.kv_bytes_per_token_per_layer
             * arch.num_layers) / (gpu.hbm_bandwidth_bytes_per_s * eff.attention_bandwidth)
     bytes_s = weights_s + kv_s
-    flops_s = batch * (model.linear_flops_per_token + model.expert_flops_per_token + model.lm_head_flops_per_token) / (
-        model.linear_flops_per_s * eff.compute)
+    flops_s = batch * (model.linear_flops_per_token + model.expert_flops_per_token / model.expert_compute_share
+                       + model.lm_head_flops_per_token) / (model.linear_flops_per_s * eff.compute)
     return "compute" if flops_s > bytes_s else "memory-bandwidth"
 
 

@@ -145,6 +145,8 @@ class ReplicaModel:
     linear_flops_per_s: float
     attention_flops_per_s: float
     gemm_calls_per_pass: float  # GEMM kernels of one pass through every layer, each paying a fixed cost
+    # Routed experts: the share of the dense compute rate their sliced GEMMs reach (1 for dense models).
+    expert_compute_share: float = 1.0
 
     @property
     def arch(self) -> ModelArchitecture:
@@ -157,6 +159,12 @@ class ReplicaModel:
             return np.zeros_like(tokens)
         miss = (1.0 - arch.num_experts_per_token / arch.num_experts) ** tokens
         return arch.num_experts * (1.0 - miss)
+
+    def weight_bytes_per_pass(self, routed_tokens: ArrayLike) -> Array:
+        """Weight bytes one pass reads per rank: the dense weights, and the experts `routed_tokens` touch."""
+        routed = np.asarray(routed_tokens, dtype=np.float64)
+        experts = self._experts_touched_per_layer(routed) * self.arch.num_moe_layers
+        return self.always_read_bytes + experts * self.routed_expert_bytes
 
     def effective_context(self, context_tokens: ArrayLike) -> Array:
         """Layer-averaged attended context: sliding-window layers stop at their window."""
@@ -246,16 +254,18 @@ class ReplicaModel:
         routed = tokens if expert_tokens is None else np.asarray(expert_tokens, dtype=np.float64)
         bandwidth = gpu.hbm_bandwidth_bytes_per_s
 
-        experts = self._experts_touched_per_layer(routed) * arch.num_moe_layers
-        weight_bytes = self.always_read_bytes + experts * self.routed_expert_bytes
+        weight_bytes = self.weight_bytes_per_pass(routed)
         logit_rows = decode + np.minimum(np.asarray(prefill_seqs, dtype=np.float64), prefill)
         # Routed-expert work per GPU: the group's tokens spread over its D x TP GPUs (as tokens / TP without DP).
         expert_share = routed / self.setup.data_parallel
-        linear_flops = (tokens * self.linear_flops_per_token + expert_share * self.expert_flops_per_token
+        # Expert FLOPs weighted by the rate their narrow slices reach, as dense-rate equivalents.
+        linear_flops = (tokens * self.linear_flops_per_token
+                        + expert_share * self.expert_flops_per_token / self.expert_compute_share
                         + logit_rows * self.lm_head_flops_per_token)
         streaming = bandwidth * eff.hbm_bandwidth * gpu.weight_streaming_scale
+        fixed_s = self.gemm_calls_per_pass * eff.gemm_fixed_s + arch.num_moe_layers * eff.moe_call_fixed_s
         linear_s = (np.maximum(weight_bytes / streaming, linear_flops / (self.linear_flops_per_s * eff.compute))
-                    + np.where(tokens > 0, self.gemm_calls_per_pass * eff.gemm_fixed_s, 0.0))
+                    + np.where(tokens > 0, fixed_s, 0.0))
 
         ctx = self.effective_context(context_tokens)
         kv_bytes = decode * ctx * self.kv_bytes_per_token_per_layer * arch.num_layers
@@ -287,12 +297,13 @@ class ReplicaModel:
 
 
 def gemm_calls_per_pass(arch: ModelArchitecture) -> int:
-    """GEMM kernels of one decode pass (vLLM fuses Q, K and V into one, gate and up into another; a fused MoE
-    kernel runs all routed experts of a layer in two grouped GEMMs). MLA: the query's down and up
-    projections, the latent KV projection, the two absorbed per-head products and the output."""
+    """GEMM kernels of one decode pass (vLLM fuses Q, K and V into one, gate and up into another). MLA: the
+    query's down and up projections, the latent KV projection, the two absorbed per-head products and the
+    output. A MoE layer's router and shared expert are GEMMs; its fused routed-expert kernel is not counted
+    here: it pays its own fixed cost (EfficiencyFactors.moe_call_fixed_s)."""
     attention = 6 if arch.is_mla else 2
     moe_layers = arch.num_moe_layers
-    moe = 3 + (2 if arch.num_shared_experts else 0)  # router, two grouped expert GEMMs, the shared expert's two
+    moe = 1 + (2 if arch.num_shared_experts else 0)  # the router, the shared expert's two
     return arch.num_layers * attention + (arch.num_layers - moe_layers) * 2 + moe_layers * moe + 1  # + LM head
 
 
@@ -321,6 +332,9 @@ def build_replica_model(setup: ServingSetup) -> ReplicaModel:
         linear_flops_per_s=linear_flops_per_s(setup.gpu, setup.precision),
         attention_flops_per_s=setup.gpu.bf16_flops_per_s,
         gemm_calls_per_pass=float(gemm_calls_per_pass(arch)),
+        # With data-parallel engines (expert parallel) each GPU holds whole experts; else slices of TP.
+        expert_compute_share=setup.efficiency.expert_compute_share(
+            arch.moe_intermediate_size / (1 if setup.data_parallel > 1 else tp)) if arch.is_moe else 1.0,
     )
 
 

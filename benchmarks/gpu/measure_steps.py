@@ -277,8 +277,9 @@ def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor) -> torch.
     return y[:rows]
 
 
-def build_step(shard: Shard, part: str, decodes: int, context: int, prefill: int) -> Any:
-    """A closure that runs one step's `part` on static buffers (so it can be captured in a graph)."""
+def build_step(shard: Shard, part: str, decodes: int, context: int, prefill: int) -> tuple[Any, str]:
+    """A closure that runs one step's `part` on static buffers (so it can be captured in a graph), and a note
+    on what it reads beyond the shapes (a MoE step: the experts its routing touches)."""
     dev, dt = shard.device, shard.dtype
     tokens = decodes + prefill
     d = shard.head_dim
@@ -363,7 +364,9 @@ def build_step(shard: Shard, part: str, decodes: int, context: int, prefill: int
             rows = rms_norm(rows, shard.norms[-1])
         linear("lm_head", 0, rows)
 
-    return run
+    note = (f"experts {shard.grouped}; touched {routing.experts_touched} of {shard.experts} per layer"
+            if routing is not None else "")
+    return run, note
 
 
 def time_eager(fn: Any) -> tuple[float, float, int]:
@@ -480,7 +483,7 @@ def main() -> int:
                     report.errors.append(f"deadline: {name} TP{tp} {part} {decodes}/{context}/{prefill}")
                     continue
                 try:
-                    step = build_step(shard, part, decodes, context, prefill)
+                    step, note = build_step(shard, part, decodes, context, prefill)
                     if sdpa_kernel is not None and device.type == "cuda":
                         with sdpa_kernel(FUSED_ATTENTION):
                             mean_s, min_s, replays = timer(step)
@@ -494,11 +497,6 @@ def main() -> int:
                         torch.cuda.synchronize()
                     continue
                 del step  # its closure holds the shard, which must go before the next one is built
-                note = ""
-                if shard.experts:  # the same seeded draw build_step made: which experts this step's GEMMs read
-                    touched = draw_routing(decodes + prefill, shard.experts, shard.top_k, torch.device("cpu"),
-                                           shard.dtype, torch.Generator().manual_seed(decodes + prefill))
-                    note = f"experts {shard.grouped}; touched {touched.experts_touched} of {shard.experts} per layer"
                 report.timings.append(Timing(name, tp, part, decodes, context, prefill, mean_s, min_s, replays,
                                              note))
                 print(f"  {part:10s} decodes {decodes:4d} ctx {context:6d} prefill {prefill:5d}: "

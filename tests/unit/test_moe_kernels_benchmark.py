@@ -63,6 +63,16 @@ def test_the_benchmarks_layer_term_is_the_replica_models(bench) -> None:  # type
         experts_s = tokens * model.expert_flops_per_token / model.expert_compute_share / (
             model.linear_flops_per_s * DEFAULT_EFFICIENCY.compute)
         assert arch.num_moe_layers * per_layer == pytest.approx(experts_s, rel=1e-9)
+    # One token reads its k experts, evenly spread or not: the streaming term and the fixed cost as the model's.
+    model = build_replica_model(ServingSetup(arch, find_gpu("H200"), 1, Precision.BF16))
+    one = bench.Layer("H200", arch.hidden_size, arch.moe_intermediate_size, arch.num_experts,
+                      arch.num_experts_per_token, 1, 1, 1.0)
+    gpu = model.setup.gpu
+    expert_read_s = (float(model.weight_bytes_per_pass(1)) - model.always_read_bytes) / (
+        gpu.hbm_bandwidth_bytes_per_s * DEFAULT_EFFICIENCY.hbm_bandwidth * gpu.weight_streaming_scale)
+    per_layer = bench.model_layer_s([one], DEFAULT_EFFICIENCY)[0]
+    assert arch.num_moe_layers * (per_layer - DEFAULT_EFFICIENCY.moe_call_fixed_s) == pytest.approx(
+        expert_read_s, rel=1e-9)
 
 
 def test_the_term_on_unseen_shapes_is_within_fifteen_percent_and_well_below_the_old_error(bench) -> None:  # type: ignore[no-untyped-def]

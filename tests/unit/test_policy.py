@@ -135,6 +135,24 @@ def test_scale_down_waits_for_the_window_then_steps_gently() -> None:
     assert late.action == "scale-down" and late.desired_replicas == 8 - 2  # a quarter at most per step
 
 
+def test_scale_down_steps_are_paced_in_time_not_per_decision() -> None:
+    # After one step down the next waits scaleDownPeriodSeconds, whatever the decisions in between; a scale-up
+    # is never paced, and 0 steps down at every decision.
+    context = _context(current=8, scale_down_stabilization_seconds=300, scale_down_period_seconds=120)
+    quiet = ScalingHistory().add(NOW - 1000, 8).add(NOW - 250, 1)
+    first = decide(_load(0.1), context, quiet, NOW)
+    assert first.action == "scale-down" and first.history.last_scale_down_s == NOW
+    after = replace(context, current_replicas=first.desired_replicas, ready_replicas=first.desired_replicas)
+    soon = decide(_load(0.1), after, first.history, NOW + 60)
+    assert soon.action == "hold" and soon.binding == "pace"
+    assert "one scale-down step per 120 s: the next at" in soon.reason
+    later = decide(_load(0.1), after, soon.history, NOW + 120)
+    assert later.action == "scale-down" and later.desired_replicas < first.desired_replicas
+    assert decide(_load(40 * _goodput(context)), after, first.history, NOW + 15).action == "scale-up"
+    unpaced = replace(after, spec=_context(scale_down_stabilization_seconds=300, scale_down_period_seconds=0).spec)
+    assert decide(_load(0.1), unpaced, first.history, NOW + 15).action == "scale-down"
+
+
 def test_where_no_load_meets_the_slos_the_fleet_still_follows_the_load() -> None:
     # A server four times slower than modelled (calibration's bound) misses a 20 ms TPOT at any load: the
     # SLO goodput is 0. Replicas are then sized for throughput, up with the load and down once it goes
@@ -624,11 +642,15 @@ def test_no_scale_down_while_the_load_rises_and_down_once_it_is_flat() -> None:
     assert decision.action == "hold" and decision.binding == "trend", decision.reason
     assert "no scale-down while the load rises" in decision.reason
     # The same replicas over a flat load of the ramp's end scale down after the window.
+    # (The context keeps 10 replicas, so after its first step the pace holds the next ones.)
     flat = ScalingHistory()
+    downs = []
     for t in range(-600, 1, 15):
         steady = decide(_load(3 * goodput, at=NOW + t), context, flat, NOW + t)
         flat = steady.history
-    assert steady.action == "scale-down", steady.reason
+        downs += [t] if steady.action == "scale-down" else []
+    window_s = context.spec.scaling.scale_down_stabilization_seconds
+    assert downs and downs[0] >= -600 + window_s, (downs, steady.reason)
     # A climb that has ended (the load dropped back below its last closed minute, a surge that is over)
     # no longer holds the fleet, though its minutes rose: the demo held 8 replicas through the calm
     # after its surge that way.

@@ -302,6 +302,12 @@ class ScalingSection(ApiModel):
                      "a minute's noise in the arrivals or the calibrated goodput does not remove a replica the next "
                      "minutes start again. 0: scale down as soon as the demand fits.")
     ] = 0.1
+    scale_down_period_seconds: Annotated[
+        int, Field(ge=0, le=3_600, description="At most one scale-down step (a quarter of the replicas, at least "
+                   "one) per this many seconds, as Kubernetes HPA's behavior.scaleDown policy periodSeconds: a "
+                   "fleet a burst raised leaves over minutes once the window lets it, so a burst that returns "
+                   "soon after still finds part of it. 0: a step at every decision.")
+    ] = 120
     forecaster: Annotated[
         ForecastMode,
         Field(description="Arrival-rate forecast sized for one measured replica start-up ahead: Auto (the "

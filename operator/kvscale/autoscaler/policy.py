@@ -144,6 +144,7 @@ class ScalingHistory:
     # (time_s, replicas) a recurring-peak rule stood above the demand's recommendation: when the pattern is no
     # longer seen, that fleet leaves through the scale-down window like any recommendation, not at once
     standing: tuple[tuple[float, int], ...] = ()
+    last_scale_down_s: float | None = None  # when a decision last removed replicas (scaleDownPeriodSeconds)
 
     def add(self, now_s: float, replicas: int) -> ScalingHistory:
         kept = tuple((t, r) for t, r in self.recommendations if now_s - t <= HISTORY_LIMIT_S)
@@ -719,10 +720,20 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
                 desired, patterned = min(current, standing[0]), True
                 reasons.append(standing[1])
         desired = max(desired, current - max(1, math.floor(current * MAX_SCALE_DOWN_FRACTION)))
+        # One step per scaleDownPeriodSeconds: a fleet a burst raised leaves over minutes once the window lets
+        # it, not within the minute after (on the tuning cases, spikes and surges returning within minutes).
+        period_s = spec.scaling.scale_down_period_seconds
+        paced_until_s = (history.last_scale_down_s if history.last_scale_down_s is not None else -math.inf) + period_s
+        paced = desired < current and now_s < paced_until_s
+        if paced:
+            desired = current
+            reasons.append(f"one scale-down step per {period_s} s: the next at {paced_until_s:.0f} s")
         if desired == current and rise is not None:
             binding = "trend"
         elif patterned:
             binding = "pattern"
+        elif paced:
+            binding = "pace"
         elif desired == current:
             binding = "stabilization"
             reasons.append(f"scale-down waits for the {spec.scaling.scale_down_stabilization_seconds} s window")
@@ -743,6 +754,8 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
             reasons.append(f"only {context.free_replica_slots} more replica(s) fit on free {gpu} GPUs")
 
     action = "scale-up" if desired > current else "scale-down" if desired < current else "hold"
+    if action == "scale-down":
+        history = replace(history, last_scale_down_s=now_s)
     verb = {"scale-up": "scale up", "scale-down": "scale down", "hold": "hold"}[action]
     reason = f"{verb} {current} -> {desired}: " + "; ".join(reasons)
     return ScaleDecision(desired_replicas=desired, recommended_replicas=recommended, reason=reason, action=action,

@@ -145,7 +145,7 @@ def test_scale_down_steps_are_paced_in_time_not_per_decision() -> None:
     after = replace(context, current_replicas=first.desired_replicas, ready_replicas=first.desired_replicas)
     soon = decide(_load(0.1), after, first.history, NOW + 60)
     assert soon.action == "hold" and soon.binding == "pace"
-    assert "one scale-down step per 120 s: the next at" in soon.reason
+    assert "one scale-down step per 120 s: the next in 60 s" in soon.reason
     later = decide(_load(0.1), after, soon.history, NOW + 120)
     assert later.action == "scale-down" and later.desired_replicas < first.desired_replicas
     assert decide(_load(40 * _goodput(context)), after, first.history, NOW + 15).action == "scale-up"

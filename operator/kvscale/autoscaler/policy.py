@@ -727,7 +727,8 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         paced = desired < current and now_s < paced_until_s
         if paced:
             desired = current
-            reasons.append(f"one scale-down step per {period_s} s: the next at {paced_until_s:.0f} s")
+            # Seconds from now, not a clock reading: the operator's clock is epoch seconds.
+            reasons.append(f"one scale-down step per {period_s} s: the next in {paced_until_s - now_s:.0f} s")
         if desired == current and rise is not None:
             binding = "trend"
         elif patterned:

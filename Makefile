@@ -29,8 +29,12 @@ lint: venv
 	$(VENV)/bin/ruff check operator tests benchmarks demo
 	$(VENV)/bin/lint-imports
 
+# The package, then the bed's end-to-end tests and their helpers, strict too (each directory's scripts import
+# each other by name, as pytest's rootdir-relative imports do).
 typecheck: venv
 	$(VENV)/bin/mypy
+	MYPYPATH=tests/testbed:tests/e2e:tests/bed:tests/support $(VENV)/bin/mypy --explicit-package-bases \
+		tests/e2e/*.py tests/testbed/*.py
 
 crds: venv
 	$(PY) -m kvscale.api.crd --out crds/

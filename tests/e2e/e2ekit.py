@@ -14,7 +14,7 @@ from typing import Any
 
 from bedkit import InferenceSim, Kube, Prometheus, wait_until
 from loadgen import LoadGenerator, Surge, TraceRequest, find_trace, rate_scale_for, read_trace, replay_schedule
-from operator_harness import apply
+from operator_harness import apply as apply  # re-exported: the e2e tests take it from here
 from podsim import PodSim, SimConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -69,8 +69,10 @@ def test_malformed_prometheus_replies_hold_replicas_and_the_loop_recovers(
                         return message
 
                     seen[mode] = wait_until(told, 10 * SCAN_INTERVAL_S + 30, f"MetricsUnavailable for {mode}")
-                    wait_until(lambda passes=passes: state.resyncs >= passes + 3, 60,
-                               f"three more resync passes under {mode}")
+                    def resynced(passes: int = passes) -> bool:
+                        return bool(state.resyncs >= passes + 3)
+
+                    wait_until(resynced, 60, f"three more resync passes under {mode}")
                     status, body = probe(liveness)
                     assert status == 200, f"liveness under {mode}: {status} {body}"
                 # Held for longer than the scale-down window, then the real Prometheus is back.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from bedkit import Kube, Prometheus, wait_until
@@ -50,7 +51,8 @@ def ramp_schedule(stack: Stack, seed: int = 7) -> list[TraceRequest]:
     lengths = [(r.input_tokens, r.output_tokens) for r in stack.trace if r.input_tokens + r.output_tokens <= 8192]
     slope = (PEAK_RPS - START_RPS) / RAMP_S
     ramp_area = START_RPS * RAMP_S + slope * RAMP_S ** 2 / 2
-    schedule, area = [], 0.0
+    schedule: list[TraceRequest] = []
+    area = 0.0
     while True:
         area += rng.expovariate(1.0)  # the arrivals' cumulative intensity: unit-rate Poisson in it
         if area <= ramp_area:  # invert START_RPS t + slope t^2 / 2 = area
@@ -67,7 +69,7 @@ def ramp_schedule(stack: Stack, seed: int = 7) -> list[TraceRequest]:
 def test_replicas_are_ready_before_the_ramp_peaks_across_an_operator_restart(pods: Stack) -> None:
     name = "ramp-ahead"
     key = (pods.namespace, name)
-    options = {"scan_interval_s": SCAN_INTERVAL_S, "namespaces": (pods.namespace,),
+    options: dict[str, Any] = {"scan_interval_s": SCAN_INTERVAL_S, "namespaces": (pods.namespace,),
                "prometheus_url": pods.prometheus.url}
     document = load_document(RESOURCE, name=name, **{
         "scaling.forecaster": "HoltWinters", "scaling.maxReplicas": 6,

@@ -74,7 +74,8 @@ def _status(stack: Stack, name: str) -> dict[str, Any]:
 @pytest.mark.timeout(900)
 def test_long_prompts_get_a_cheaper_configuration_recommended_then_moved_to_across_a_restart(pods: Stack) -> None:
     name, kube, namespace = "replan", pods.kube, pods.namespace
-    options = {"scan_interval_s": SCAN_INTERVAL_S, "namespaces": (namespace,), "prometheus_url": pods.prometheus.url}
+    options: dict[str, Any] = {"scan_interval_s": SCAN_INTERVAL_S, "namespaces": (namespace,),
+                               "prometheus_url": pods.prometheus.url}
     document = load_document(RESOURCE, name=name, **{
         "gpu.types": ["H100-SXM", "L4"], "serving": {}, "workload.inputTokens": 1024, "workload.outputTokens": 256,
         "scaling.mode": "Recommend", "scaling.replanSustainSeconds": 30, "scaling.replanIntervalSeconds": 30,

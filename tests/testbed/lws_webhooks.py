@@ -19,7 +19,8 @@ LWS_POD_SELECTOR = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/na
 
 def json_objects(text: str) -> list[dict[str, Any]]:
     """kubectl prints one JSON object per YAML document, one after another (not a List)."""
-    decoder, objects, at = json.JSONDecoder(), [], 0
+    decoder, at = json.JSONDecoder(), 0
+    objects: list[dict[str, Any]] = []
     while True:
         while at < len(text) and text[at].isspace():
             at += 1

@@ -29,12 +29,15 @@ lint: venv
 	$(VENV)/bin/ruff check operator tests benchmarks demo
 	$(VENV)/bin/lint-imports
 
-# The package, then the bed's end-to-end tests and their helpers, strict too (each directory's scripts import
-# each other by name, as pytest's rootdir-relative imports do).
+# The package, then the tests, strict too: one pass per directory, since each has its own conftest and its
+# scripts import each other by name, as pytest's rootdir-relative imports do. tests/realvllm runs in vLLM's own
+# virtualenv (torch, transformers) and is not checked here.
+TEST_MYPY = MYPYPATH=tests/testbed:tests/e2e:tests/bed:tests/support:benchmarks $(VENV)/bin/mypy --explicit-package-bases
 typecheck: venv
 	$(VENV)/bin/mypy
-	MYPYPATH=tests/testbed:tests/e2e:tests/bed:tests/support $(VENV)/bin/mypy --explicit-package-bases \
-		tests/e2e/*.py tests/testbed/*.py
+	$(TEST_MYPY) tests/unit/*.py tests/conftest.py
+	$(TEST_MYPY) tests/bed/*.py
+	$(TEST_MYPY) tests/e2e/*.py tests/testbed/*.py
 
 crds: venv
 	$(PY) -m kvscale.api.crd --out crds/

@@ -195,6 +195,15 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
     return None
 
 
+def required_condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    """The `type_` condition of `obj`, which must have it (inside `wait_until`, its absence is "not yet")."""
+    found = condition(obj, type_)
+    if found is None:
+        name = ((obj or {}).get("metadata") or {}).get("name")
+        raise AssertionError(f"no {type_} condition on {name!r} yet")
+    return found
+
+
 def wait_condition(kube: Kube, namespace: str, name: str, type_: str, status: str, timeout: float = 60,
                    ) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
@@ -222,14 +231,16 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-def load_document(path: Path, name: str | None = None, **spec_changes: Any) -> dict[str, Any]:
-    """A resource YAML as a dict, renamed and with dotted spec fields changed (`scaling.mode="Recommend"`)."""
+def load_document(path: Path, name: str | None = None, changes: Mapping[str, Any] | None = None,
+                  **spec_changes: Any) -> dict[str, Any]:
+    """A resource YAML as a dict, renamed and with dotted spec fields changed (`scaling.mode="Recommend"`, or
+    `changes={"slo.tpotMs": 20}` for the dotted names that are no keywords)."""
     import yaml
 
     document: dict[str, Any] = yaml.safe_load(path.read_text())
     if name is not None:
         document["metadata"]["name"] = name
-    for dotted, value in spec_changes.items():
+    for dotted, value in {**(changes or {}), **spec_changes}.items():
         node = document["spec"]
         *parents, leaf = dotted.split(".")
         for key in parents:

@@ -22,6 +22,7 @@ import json
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def test_apiserver_restarted_mid_reconcile(kube: Kube, namespace: str,
             "metadata"]["generation"] and converged(kube, namespace, name) is not None
 
     for name in names:  # converged, and the deployment controller has seen the final Deployment
-        wait_until(lambda name=name: rolled_out(name), 180, f"{name} to converge after the restart")
+        wait_until(partial(rolled_out, name), 180, f"{name} to converge after the restart")
 
     for name in names:
         owner = get(kube, "llmd", namespace, name)
@@ -115,7 +116,7 @@ def test_etcd_stopped_for_seconds_during_a_spec_change(kube: Kube, namespace: st
     apply(kube, namespace, load_document(EXAMPLE))
     before = wait_until(lambda: converged(kube, namespace, NAME), 120, "the resource to converge")
     old_args = container_args(get(kube, "deployment", namespace, NAME))  # type: ignore[arg-type]
-    apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 20}))
+    apply(kube, namespace, load_document(EXAMPLE, changes={"slo.tpotMs": 20}))
     with BED_ETCD.outage(signal.SIGKILL):
         time.sleep(5)  # the outage: etcd gone for five seconds
     after = wait_until(lambda: (o := converged(kube, namespace, NAME))
@@ -156,7 +157,7 @@ def test_a_second_writer_gets_409s_and_kvscale_values_win(kube: Kube, namespace:
     thread.start()
     try:
         time.sleep(2)  # the second writer racing kvscale's own writes: the fault itself
-        apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 20}))  # a spec change in the middle
+        apply(kube, namespace, load_document(EXAMPLE, changes={"slo.tpotMs": 20}))  # a spec change in the middle
         time.sleep(8)
     finally:
         stop.set()
@@ -184,7 +185,7 @@ def test_operator_killed_mid_rollout_converges_and_then_writes_nothing(kube: Kub
         wait_until(lambda: converged(kube, namespace, NAME), 120, "the resource to converge")
         before = get(kube, "deployment", namespace, NAME)
         assert before is not None
-        apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 20}))
+        apply(kube, namespace, load_document(EXAMPLE, changes={"slo.tpotMs": 20}))
         # The moment kvscale has started the rollout (the Deployment's template changed), kill it.
         wait_until(lambda: get(kube, "deployment", namespace, NAME)["metadata"]["generation"]  # type: ignore[index]
                    > before["metadata"]["generation"], 60, "the rollout to start", interval=0.05)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pytest
@@ -221,7 +222,7 @@ def fuzzed_specs(draw: st.DrawFn) -> Fuzzed:
         if bad("spec.workload"):  # the cross-field rule: the peak below the mean
             workload["peakRequestsPerSecond"] = float(rate) - 0.5 if rate >= 0.5 else -1.0  # type: ignore[operator]
         else:
-            workload["peakRequestsPerSecond"] = float(rate) * draw(st.sampled_from([1.0, 1.5, 3.0]))  # type: ignore[arg-type]
+            workload["peakRequestsPerSecond"] = float(rate) * draw(st.sampled_from([1.0, 1.5, 3.0]))
     if draw(st.booleans()) and numeric:
         needed = int(workload["inputTokens"]) + int(workload["outputTokens"])
         if bad("spec.workload"):
@@ -302,7 +303,7 @@ def test_fuzzed_resources_are_rejected_naming_a_field_or_settle_with_a_condition
                 return type_
         return None
 
-    outcomes = {name: wait_until(lambda name=name: outcome(name), 300, f"a condition on {name}")
+    outcomes = {name: wait_until(partial(outcome, name), 300, f"a condition on {name}")
                 for name, _ in accepted}
     for name, fuzz in accepted:
         if fuzz.unknown:
@@ -315,8 +316,9 @@ def test_fuzzed_resources_are_rejected_naming_a_field_or_settle_with_a_condition
     def versions() -> dict[str, str]:
         from kubernetes import client
 
-        items = client.CustomObjectsApi(kube.api_client).list_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL)["items"]
+        listed: Any = client.CustomObjectsApi(kube.api_client).list_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL)
+        items = listed["items"]
         return {i["metadata"]["name"]: i["metadata"]["resourceVersion"] for i in items}
 
     def quiet() -> bool:

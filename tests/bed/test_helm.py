@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,8 @@ def assert_reconciled_end_to_end(kube: Kube, operator: Any, namespace: str) -> d
     llmd = wait_condition(kube, namespace, EXAMPLE_NAME, "Planned", "True", timeout=90)
     wait_condition(kube, namespace, custom, "Planned", "True", timeout=60)
     for name in (EXAMPLE_NAME, custom):
-        wait_until(lambda name=name: get(kube, "deployment", namespace, name), 60, f"the serving Deployment {name}")
-        wait_until(lambda name=name: get(kube, "service", namespace, name), 60, f"the serving Service {name}")
+        wait_until(partial(get, kube, "deployment", namespace, name), 60, f"the serving Deployment {name}")
+        wait_until(partial(get, kube, "service", namespace, name), 60, f"the serving Service {name}")
         assert operator.reconciled.get((namespace, name)), f"this operator (chart's RBAC) did not reconcile {name}"
     # ... and the periodic resync (a list of LLMDeployments at the operator's scope) reconciles again.
     seen = operator.reconciled[(namespace, EXAMPLE_NAME)]

@@ -95,7 +95,7 @@ def test_upgrade_and_crd_change_over_live_resources_then_uninstall_leaves_what_t
                 llmd_after = get(kube, "llmd", work, NAME)
                 assert llmd_after is not None
                 assert (llmd_after["spec"], llmd_after["status"]) == (llmd_before["spec"], llmd_before["status"])
-                newer = load_document(EXAMPLE, name="uses-new-field", **{"serving.priorityClassName": "high"})
+                newer = load_document(EXAMPLE, name="uses-new-field", changes={"serving.priorityClassName": "high"})
                 apply(kube, work, newer)
                 stored = get(kube, "llmd", work, "uses-new-field")
                 assert stored is not None and stored["spec"]["serving"]["priorityClassName"] == "high"

@@ -24,7 +24,7 @@ import pytest
 from bedctl import bed_ports
 from bedkit import STATE_DIR, Kube, Prometheus, bed_required, free_port, wait_until
 from helm_support import Helm, helm_binary, http_get, set_args, unique
-from operator_harness import apply, condition, get, install_crd, load_document
+from operator_harness import apply, get, install_crd, load_document, required_condition
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-3.1-8b-l4.yaml"
@@ -110,8 +110,9 @@ def test_the_image_reconciles_as_the_chart_runs_it(kube: Kube, namespace: str, p
         wait_until(lambda: http_get(health)[0] == 200, 90, f"the container's /healthz ({logs()})")
         apply(kube, namespace, load_document(EXAMPLE))
         name = load_document(EXAMPLE)["metadata"]["name"]
-        planned = wait_until(lambda: (o := get(kube, "llmd", namespace, name)) and condition(o, "Planned")
-                             and condition(o, "Planned")["status"] == "True" and o, 90, "Planned by the container")
+        planned = wait_until(lambda: (o := get(kube, "llmd", namespace, name))
+                             and required_condition(o, "Planned")["status"] == "True" and o,
+                             90, "Planned by the container")
         wait_until(lambda: get(kube, "deployment", namespace, name), 60, "the Deployment it creates")
         deployment = kube.apps.read_namespaced_deployment(name, namespace)
         managers = {m.manager for m in deployment.metadata.managed_fields}

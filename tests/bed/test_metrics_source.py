@@ -10,7 +10,7 @@ from bedkit import Prometheus, SimFactory, wait_until
 from kvscale.autoscaler import check_observation
 from kvscale.metrics import DeploymentKey, PrometheusSource
 
-WINDOW_S = 180.0
+WINDOW_S = 180
 
 
 def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, inference_sim: SimFactory) -> None:
@@ -31,7 +31,7 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
         # after them, which shows no increase (CI failed on it: a request rate of 0 for 90 s).
         sim.completion(max_tokens=4, ignore_eos=True)
     prometheus.wait_for_query('count(vllm:request_success_total{namespace="metrics-test"})',
-                              lambda rows: rows and float(rows[0]["value"][1]) >= 3, timeout=30)
+                              lambda rows: bool(rows) and float(rows[0]["value"][1]) >= 3, timeout=30)
     for _ in range(6):
         for sim in chat:
             sim.completion(max_tokens=12, ignore_eos=True)
@@ -41,7 +41,7 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     idle_since_s = time.time()
     prometheus.wait_for_query(
         'min(timestamp(vllm:num_requests_running{namespace="metrics-test"}))',
-        lambda rows: rows and float(rows[0]["value"][1]) > idle_since_s, timeout=30)
+        lambda rows: bool(rows) and float(rows[0]["value"][1]) > idle_since_s, timeout=30)
 
     # A window far longer than the requests above take, so none of them sits on its edge, and longer than
     # the wait below plus a fetch (a dozen queries), so the requests are still inside it when it settles.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,13 @@ from operator_harness import (
     EXAMPLES,
     RunningOperator,
     apply,
-    condition,
     container_args,
     events,
     flag,
     get,
     install_crd,
     load_document,
+    required_condition,
     running_operator,
     wait_condition,
 )
@@ -86,7 +87,7 @@ def test_pods_run_on_the_planned_gpu_nodes_and_ready_follows(
     assert llmd["status"]["readyReplicas"] == llmd["status"]["desiredReplicas"] >= 1
     pods = json.loads(kube.kubectl("get", "pods", "-n", namespace, "-o", "json", check=True).stdout)["items"]
     assert pods and all(p["spec"]["nodeName"].startswith("gpu-h100-") for p in pods)
-    assert condition(llmd, "InsufficientCapacity")["status"] == "False"
+    assert required_condition(llmd, "InsufficientCapacity")["status"] == "False"
 
 
 def test_changing_the_slo_rolls_the_deployment_and_nothing_else(
@@ -171,14 +172,14 @@ def test_semantic_errors_get_a_condition_and_event_and_others_keep_working(
         apply(kube, namespace, document)
 
     bad_model = wait_condition(kube, namespace, "unknown-model", "InvalidSpec", "True")
-    assert "not in the catalog" in condition(bad_model, "InvalidSpec")["message"]
+    assert "not in the catalog" in required_condition(bad_model, "InvalidSpec")["message"]
     wide = wait_condition(kube, namespace, "tp-too-wide", "Infeasible", "True")
-    assert "tensorParallel 16 exceeds 8 GPUs per node" in condition(wide, "Infeasible")["message"]
+    assert "tensorParallel 16 exceeds 8 GPUs per node" in required_condition(wide, "Infeasible")["message"]
     slo = wait_condition(kube, namespace, "impossible-slo", "Infeasible", "True")
-    assert "TPOT 1 ms unreachable: best is" in condition(slo, "Infeasible")["message"]
+    assert "TPOT 1 ms unreachable: best is" in required_condition(slo, "Infeasible")["message"]
     for name, reason in (("unknown-model", "InvalidSpec"), ("tp-too-wide", "Infeasible"),
                          ("impossible-slo", "Infeasible")):
-        found = wait_until(lambda name=name: events(kube, namespace, name), 30, f"events of {name}")
+        found = wait_until(partial(events, kube, namespace, name), 30, f"events of {name}")
         assert reason in {e["reason"] for e in found}
         assert get(kube, "deployment", namespace, name) is None
 
@@ -194,7 +195,7 @@ def test_a_plan_bigger_than_the_cluster_sets_insufficient_capacity(
                         **{"workload.requestsPerSecond": 150, "scaling.maxReplicas": 100})
     apply(kube, namespace, document)
     llmd = wait_condition(kube, namespace, "llama-70b", "InsufficientCapacity", "True")
-    message = condition(llmd, "InsufficientCapacity")["message"]
+    message = required_condition(llmd, "InsufficientCapacity")["message"]
     assert "NVIDIA-H100-80GB-HBM3" in message and "32 allocatable" in message
     assert "InsufficientCapacity" in {e["reason"] for e in events(kube, namespace, "llama-70b")}
 
@@ -206,8 +207,8 @@ def test_deletion_removes_what_it_owns_and_never_touches_what_it_does_not(
     assert foreign is not None
     apply(kube, namespace, (ROOT / "examples/llama-3.1-8b-l4.yaml").read_text())
     conflicted = wait_condition(kube, namespace, "llama-8b-chat", "Ready", "False")
-    wait_until(lambda: condition(get(kube, "llmd", namespace, "llama-8b-chat"), "Ready")["reason"] == "NameConflict",
-               30, "NameConflict")
+    wait_until(lambda: required_condition(get(kube, "llmd", namespace, "llama-8b-chat"), "Ready")["reason"]
+               == "NameConflict", 30, "NameConflict")
     assert conflicted is not None
     untouched = get(kube, "deployment", namespace, "llama-8b-chat")
     # The deployment controller keeps updating its status; its spec and owners are what kvscale must not touch.

@@ -16,10 +16,10 @@ from bedkit import Kube, wait_until
 from operator_harness import (
     RunningOperator,
     apply,
-    condition,
     events,
     get,
     load_document,
+    required_condition,
     wait_condition,
     wait_quiet,
 )
@@ -45,14 +45,14 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
     wait_until(lambda: (d := get(kube, "deployment", namespace, NAME)) is not None
                and (d.get("status") or {}).get("replicas") == d["spec"]["replicas"], 60, "the planned pods")
 
-    apply(kube, namespace, load_document(EXAMPLE, **{"slo.tpotMs": 1}))
+    apply(kube, namespace, load_document(EXAMPLE, changes={"slo.tpotMs": 1}))
     infeasible = wait_condition(kube, namespace, NAME, "Infeasible", "True")
     status = infeasible["status"]
     assert status["observedGeneration"] == infeasible["metadata"]["generation"]
     assert [k for k in STALE_WHEN_INFEASIBLE if k in status] == [], status
     assert status["plan"]["feasible"] is False and "gpuType" not in status["plan"], status["plan"]
     assert {c["type"] for c in status["conditions"]} == {"Planned", "Ready", "Infeasible", "InvalidSpec"}
-    assert condition(infeasible, "Ready")["reason"] == "NoFeasiblePlan"
+    assert required_condition(infeasible, "Ready")["reason"] == "NoFeasiblePlan"
     deployment = get(kube, "deployment", namespace, NAME)
     assert deployment is not None  # the last good plan keeps serving
     assert status["replicas"] == deployment["spec"]["replicas"]
@@ -63,10 +63,11 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
     assert kept["spec"] == deployment["spec"]
 
     apply(kube, namespace, load_document(EXAMPLE))
-    again = wait_until(lambda: (o := get(kube, "llmd", namespace, NAME)) and condition(o, "Planned")["status"] == "True"
+    again = wait_until(lambda: (o := get(kube, "llmd", namespace, NAME))
+                       and required_condition(o, "Planned")["status"] == "True"
                        and o["status"]["observedGeneration"] == o["metadata"]["generation"] and o,
                        60, "Planned again for the new generation")
-    assert condition(again, "Infeasible")["status"] == "False"
+    assert required_condition(again, "Infeasible")["status"] == "False"
     assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(again["status"])
     assert again["status"]["plan"]["gpuType"] == "H100-SXM"
     settled()
@@ -89,12 +90,12 @@ def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
 
     apply(kube, namespace, load_document(EXAMPLE))
     refused = wait_condition(kube, namespace, NAME, "WriteFailed", "True")
-    message = condition(refused, "WriteFailed")["message"]
-    assert condition(refused, "WriteFailed")["reason"] == "ServiceWriteFailed"
+    message = required_condition(refused, "WriteFailed")["message"]
+    assert required_condition(refused, "WriteFailed")["reason"] == "ServiceWriteFailed"
     assert "apply Service" not in message and "create Service" in message and "exceeded quota" in message, message
     assert "ResourceQuota" in message, message  # what to fix
     # The rest of the pass is done and visible: the plan, the predictions, the Deployment.
-    assert condition(refused, "Planned")["status"] == "True"
+    assert required_condition(refused, "Planned")["status"] == "True"
     assert refused["status"]["plan"]["gpuType"] == "H100-SXM" and "predicted" in refused["status"]
     assert wait_until(lambda: get(kube, "deployment", namespace, NAME), 30, "the Deployment")
     assert get(kube, "service", namespace, NAME) is None
@@ -124,7 +125,7 @@ def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
 
     kube.kubectl("delete", "resourcequota", "no-services", "-n", namespace, check=True)
     recovered = wait_condition(kube, namespace, NAME, "WriteFailed", "False", timeout=120)
-    assert condition(recovered, "WriteFailed")["reason"] == "WritesSucceeded"
+    assert required_condition(recovered, "WriteFailed")["reason"] == "WritesSucceeded"
     assert get(kube, "service", namespace, NAME) is not None
     assert "WritesRecovered" in {e["reason"] for e in events(kube, namespace, NAME)}
     wait_quiet(kube, namespace, [NAME], lambda: operator.state.resyncs)

@@ -21,6 +21,7 @@ from operator_harness import (
     get,
     install_crd,
     load_document,
+    required_condition,
     running_operator,
     wait_condition,
     wait_nodes_free,
@@ -112,7 +113,7 @@ def test_groups_of_two_nodes_run_scale_as_units_and_are_counted_against_nodes(
         kube: Kube, operator: RunningOperator, namespace: str) -> None:
     name = "llama-405b"
     wait_nodes_free(kube, H100)  # two groups take all four H100 nodes
-    apply(kube, namespace, load_document(EXAMPLE_405B, **{"scaling.mode": "Off", "replicas": 1}))
+    apply(kube, namespace, load_document(EXAMPLE_405B, changes={"scaling.mode": "Off", "replicas": 1}))
     wait_until(lambda: ready_groups(kube, namespace, name, 1), 120, "one Ready group")
     group = wait_until(lambda: running_pods(kube, namespace, 2), 60, "two Running pods")
     assert len({p["spec"]["nodeName"] for p in group}) == 2  # one stage per node
@@ -122,17 +123,17 @@ def test_groups_of_two_nodes_run_scale_as_units_and_are_counted_against_nodes(
     env = {e["name"]: e.get("value") for e in leaders[0]["spec"]["containers"][0].get("env") or []}
     assert env.get("LWS_WORKER_INDEX") == "0" and env.get("LWS_GROUP_SIZE") == "2"  # set by LWS's webhook
 
-    apply(kube, namespace, load_document(EXAMPLE_405B, **{"scaling.mode": "Off", "replicas": 2}))
+    apply(kube, namespace, load_document(EXAMPLE_405B, changes={"scaling.mode": "Off", "replicas": 2}))
     llmd = wait_until(lambda: ready_groups(kube, namespace, name, 2), 120, "two Ready groups")
     wait_until(lambda: running_pods(kube, namespace, 4), 60, "four Running pods")
-    assert condition(llmd, "InsufficientCapacity")["status"] == "False"
+    assert required_condition(llmd, "InsufficientCapacity")["status"] == "False"
 
-    apply(kube, namespace, load_document(EXAMPLE_405B, **{"scaling.mode": "Off", "replicas": 3}))
+    apply(kube, namespace, load_document(EXAMPLE_405B, changes={"scaling.mode": "Off", "replicas": 3}))
     short = wait_condition(kube, namespace, name, "InsufficientCapacity", "True")
-    message = condition(short, "InsufficientCapacity")["message"]
+    message = required_condition(short, "InsufficientCapacity")["message"]
     assert "3 x 16 H100-SXM (48 GPUs, 2 nodes x 8 per replica)" in message and "room for 2 replica(s)" in message
 
-    apply(kube, namespace, load_document(EXAMPLE_405B, **{"scaling.mode": "Off", "replicas": 1}))
+    apply(kube, namespace, load_document(EXAMPLE_405B, changes={"scaling.mode": "Off", "replicas": 1}))
     wait_until(lambda: running_pods(kube, namespace, 2), 120, "back to two pods (one group)")
     lws = get(kube, "leaderworkerset", namespace, f"{name}-lws")
     assert lws is not None and lws["spec"]["replicas"] == 1
@@ -160,7 +161,7 @@ def test_a_plan_that_moves_to_one_node_replaces_the_leader_worker_set_with_a_dep
     apply(kube, namespace, EXAMPLE_405B.read_text())
     wait_until(lambda: get(kube, "leaderworkerset", namespace, f"{name}-lws"), 60, "the LeaderWorkerSet")
     # fp8 weights (~405 GB) fit one 8 x 80 GB node: the plan's replicas become single pods
-    apply(kube, namespace, load_document(EXAMPLE_405B, **{"model.precision": "fp8"}))
+    apply(kube, namespace, load_document(EXAMPLE_405B, changes={"model.precision": "fp8"}))
     deployment = wait_until(lambda: get(kube, "deployment", namespace, name), 60, "the Deployment")
     assert "--nnodes" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     wait_until(lambda: get(kube, "leaderworkerset", namespace, f"{name}-lws") is None, 60, "the LeaderWorkerSet gone")

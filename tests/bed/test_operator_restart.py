@@ -6,6 +6,8 @@ a second operator reconciling the same objects would race this test's writes cou
 
 from __future__ import annotations
 
+from functools import partial
+
 import yaml
 from bedkit import Kube, wait_until
 from operator_harness import EXAMPLES, RunningOperator, apply, get, install_crd, running_operator, wait_condition
@@ -29,7 +31,7 @@ def test_restarting_the_operator_writes_nothing_for_unchanged_resources(kube: Ku
             apply(kube, namespace, path.read_text())
         for name in names:
             wait_condition(kube, namespace, name, "Planned", "True")
-            wait_until(lambda name=name: get(kube, "deployment", namespace, name), 60, "the Deployment")
+            wait_until(partial(get, kube, "deployment", namespace, name), 60, "the Deployment")
         # Settled: pods scheduled and Ready, controllers idle (nothing changes between two polls)
         # and a full resync that writes nothing.
         seen: list[dict[str, str]] = []

@@ -51,7 +51,7 @@ def groups(stack: Stack, name: str) -> tuple[int, int]:
 def test_a_multi_node_deployment_scales_whole_groups_under_replayed_load(stack: Stack) -> None:
     name = "llama-405b"
     wait_nodes_free(stack.kube, "NVIDIA-H100-80GB-HBM3")  # two groups take all four H100 nodes
-    apply(stack.kube, stack.namespace, load_document(EXAMPLE_405B, name=name, **{
+    apply(stack.kube, stack.namespace, load_document(EXAMPLE_405B, name=name, changes={
         "workload.requestsPerSecond": 0.5, "workload.inputTokens": 1155, "workload.outputTokens": 211,
         "scaling.mode": "Auto", "scaling.minReplicas": 1, "scaling.maxReplicas": 2,
         "scaling.scaleDownStabilizationSeconds": 30}))

@@ -71,7 +71,7 @@ def test_replicas_are_ready_before_the_ramp_peaks_across_an_operator_restart(pod
     key = (pods.namespace, name)
     options: dict[str, Any] = {"scan_interval_s": SCAN_INTERVAL_S, "namespaces": (pods.namespace,),
                "prometheus_url": pods.prometheus.url}
-    document = load_document(RESOURCE, name=name, **{
+    document = load_document(RESOURCE, name=name, changes={
         "scaling.forecaster": "HoltWinters", "scaling.maxReplicas": 6,
         "serving.env": [{"name": "KVSCALE_BED_STARTUP_DELAY", "value": f"{DELAY_S}s"}]})
     schedule = ramp_schedule(pods)

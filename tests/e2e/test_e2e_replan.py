@@ -76,7 +76,7 @@ def test_long_prompts_get_a_cheaper_configuration_recommended_then_moved_to_acro
     name, kube, namespace = "replan", pods.kube, pods.namespace
     options: dict[str, Any] = {"scan_interval_s": SCAN_INTERVAL_S, "namespaces": (namespace,),
                                "prometheus_url": pods.prometheus.url}
-    document = load_document(RESOURCE, name=name, **{
+    document = load_document(RESOURCE, name=name, changes={
         "gpu.types": ["H100-SXM", "L4"], "serving": {}, "workload.inputTokens": 1024, "workload.outputTokens": 256,
         "scaling.mode": "Recommend", "scaling.replanSustainSeconds": 30, "scaling.replanIntervalSeconds": 30,
         "scaling.replanMinHistorySeconds": 120,

@@ -24,7 +24,7 @@ REPLICAS = 2
 
 def test_a_minute_long_start_up_is_measured_and_becomes_the_horizon(stack: Stack) -> None:
     name = "slow"
-    document = load_document(RESOURCE, name=name, **{
+    document = load_document(RESOURCE, name=name, changes={
         "scaling.mode": "Recommend", "scaling.minReplicas": REPLICAS,
         "serving.env": [{"name": "KVSCALE_BED_STARTUP_DELAY", "value": f"{DELAY_S}s"}]})
     applied_at = time.monotonic()

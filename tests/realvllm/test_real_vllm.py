@@ -53,9 +53,9 @@ def test_a_real_vllm_pod_is_observed_calibrated_and_scaled_sanely(
     with serving_stack(kube, prometheus, namespace,
                        spawn=lambda config, seed: server.spawn(config.launch.served_model_name, seed)) as stack:
         apply(kube, namespace, load_document(
-            RESOURCE, name=NAME, **{"scaling.mode": "Recommend", "scaling.maxReplicas": 4,
-                                    "serving.maxNumSeqs": 8, "workload.inputTokens": 600,
-                                    "workload.outputTokens": 40, "workload.maxContextTokens": 2048}))
+            RESOURCE, name=NAME, changes={"scaling.mode": "Recommend", "scaling.maxReplicas": 4,
+                                         "serving.maxNumSeqs": 8, "workload.inputTokens": 600,
+                                         "workload.outputTokens": 40, "workload.maxContextTokens": 2048}))
         endpoint = stack.sims.wait_for(NAME, 1, timeout=420, namespace=namespace)[0]
         prometheus.wait_for_target_up(endpoint, timeout=60)
         model = stack.sims.simulators(NAME)[0].config.launch.served_model_name

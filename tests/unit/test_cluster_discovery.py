@@ -40,7 +40,7 @@ def _cluster(resources: _Resources) -> Cluster:
 
 def test_an_absent_api_is_looked_up_again_only_after_the_recheck_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(cluster_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(f"{cluster_module.__name__}.time.monotonic", lambda: clock[0])
     resources = _Resources(served=False)
     cluster = _cluster(resources)
     for _ in range(50):  # fifty reconcile passes within the minute: one discovery

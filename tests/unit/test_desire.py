@@ -234,7 +234,8 @@ def test_a_transition_leaves_nothing_stale_and_settles(before: str, after: str) 
     for condition in first.status.conditions:
         old = find_condition(start.conditions, condition.type)
         kept = old is not None and old.status == condition.status
-        assert condition.last_transition_time == (old.last_transition_time if kept else "2026-01-05T10:00:00Z")
+        assert condition.last_transition_time == (old.last_transition_time if old is not None and kept
+                                                  else "2026-01-05T10:00:00Z")
 
     _, second = run_pass(target, first.status, t2)
     assert comparable(second.status, carried) == comparable(SETTLED[after], carried)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,7 +203,7 @@ def test_the_prefix_cache_hit_rate_is_smoothed_like_the_shape() -> None:
                                 ).prefix_cache_hit_rate == pytest.approx(0.42)
 
 
-def _observation(**fields: float | None) -> Observation:
+def _observation(**fields: Any) -> Observation:
     return Observation(sampled_at_s=1000.0, pods_scraped=2, request_rate=4.0, mean_input_tokens=500.0,
                        mean_output_tokens=300.0, running_requests=20.0, waiting_requests=0.0, kv_cache_usage=0.3,
                        ttft_s=None, tpot_s=None, tpot_mean_s=0.02, mean_running_requests=20.0, **fields)

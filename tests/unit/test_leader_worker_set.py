@@ -70,7 +70,8 @@ def test_a_405b_plan_becomes_a_leader_worker_set_of_two_node_groups() -> None:
     assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1" and lws["kind"] == "LeaderWorkerSet"
     assert lws["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
     template = lws["spec"]["leaderWorkerTemplate"]
-    assert template["size"] == 2 and lws["spec"]["replicas"] == intent.status.desired_replicas >= 1
+    desired = intent.status.desired_replicas
+    assert template["size"] == 2 and desired is not None and lws["spec"]["replicas"] == desired >= 1
     assert template["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader = template["leaderTemplate"]["spec"]["containers"][0]
     worker = template["workerTemplate"]["spec"]["containers"][0]

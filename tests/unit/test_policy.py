@@ -58,7 +58,7 @@ def _context(current: int = 2, free: int | None = 10, **scaling: object) -> Repl
                           free_replica_slots=free)
 
 
-def _load(rate: float, *, at: float = NOW, waiting: float = 0.0, ttft_s: float = 0.3, tpot_s: float = 0.02,
+def _load(rate: float, *, at: float = NOW, waiting: float = 0.0, ttft_s: float = 0.3, tpot_s: float | None = 0.02,
           running: float = 10.0) -> Observation:
     return Observation(sampled_at_s=at, pods_scraped=2, request_rate=rate, mean_input_tokens=1024,
                        mean_output_tokens=256, running_requests=running, waiting_requests=waiting, kv_cache_usage=0.3,
@@ -678,7 +678,7 @@ def test_the_request_shape_is_a_mean_over_requests_not_over_windows() -> None:
     # A quiet window's three prompts barely move a mean over hundreds (per window they moved it 30%) ...
     after_quiet = calibrate(learned, context.setup, window(0.1, 8000))
     assert after_quiet.input_tokens == pytest.approx(2000 + 3 / 303 * 6000)
-    assert after_quiet.input_tokens - 2000 < 0.1 * SMOOTHING * 6000
+    assert after_quiet.input_tokens is not None and after_quiet.input_tokens - 2000 < 0.1 * SMOOTHING * 6000
     # ... and a window in which nothing finished (its mean is the spec's, not a measurement) not at all.
     assert calibrate(learned, context.setup, window(0.0, None)).input_tokens == 2000
 

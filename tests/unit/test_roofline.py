@@ -11,6 +11,7 @@ from kvscale.api.spec import Precision
 from kvscale.catalog import find_gpu, resolve_architecture
 from kvscale.perfmodel import (
     DEFAULT_EFFICIENCY,
+    ReplicaModel,
     RequestShape,
     ServingSetup,
     build_replica_model,
@@ -21,7 +22,8 @@ from kvscale.perfmodel.replica import gemm_calls_per_pass
 from kvscale.perfmodel.serving import estimate_at_rate
 
 
-def _model(name: str = "llama-3.1-8b", gpu: str = "H100-SXM", tp: int = 1, precision: Precision = Precision.BF16):
+def _model(name: str = "llama-3.1-8b", gpu: str = "H100-SXM", tp: int = 1, precision: Precision = Precision.BF16
+           ) -> ReplicaModel:
     return build_replica_model(ServingSetup(resolve_architecture(name), find_gpu(gpu), tp, precision))
 
 

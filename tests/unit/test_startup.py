@@ -75,7 +75,7 @@ def test_the_simulator_draws_startups_the_policy_is_not_told() -> None:
 
         def desired_replicas(self, stats: Any, fleet: Any) -> int:
             Growing.seen = fleet.startups_s
-            return fleet.current_replicas + 1
+            return int(fleet.current_replicas) + 1
 
     config = FleetConfig(startup_range_s=(60.0, 300.0), seed=4, tail_s=0.0)
     simulate(deployment, trace, Growing(1), config)

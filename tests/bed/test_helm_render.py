@@ -97,6 +97,7 @@ def test_default_values_lint_strict(helm: str) -> None:
     ("gpuPrices.H100=2", "invalid propertyName 'H100'"),
     ("gpuPrices.L4=-1", "at '/gpuPrices/L4'"),
     ("prometheusUrl=prometheus:9090", "at '/prometheusUrl'"),
+    ("metricsWindowSeconds=5", "at '/metricsWindowSeconds'"),
     ("ports.metrics=70000", "at '/ports/metrics': maximum"),
     ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
 ])
@@ -198,20 +199,21 @@ def test_operator_flags_follow_the_values(helm: str) -> None:
     result = run_helm(helm, "template", "kvscale", str(CHART), "--set", "logLevel=debug", "--set",
                       "logFormat=plain", "--set", "prometheusUrl=http://prometheus.monitoring.svc:9090",
                       "--set-json", 'gpuPrices={"L4": 0.71, "H100-SXM": 2.99}', "--set", "scanInterval=2.5",
-                      "--set", "image.tag=dev-1")
+                      "--set", "metricsWindowSeconds=30", "--set", "image.tag=dev-1")
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     c = container(docs)
     assert c["image"] == "ghcr.io/kvscale/kvscale-operator:dev-1"
     assert c["args"] == ["--scan-interval=2.5", "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=8081",
                          "--log-level=debug", "--log-format=plain",
-                         "--prometheus-url=http://prometheus.monitoring.svc:9090",
+                         "--prometheus-url=http://prometheus.monitoring.svc:9090", "--metrics-window=30",
                          "--gpu-price=H100-SXM=2.99", "--gpu-price=L4=0.71"]
     # ... and `kvscale run` accepts exactly these flags.
     from kvscale.cli.main import build_parser
 
     parsed = build_parser().parse_args(["run", *c["args"]])
     assert parsed.scan_interval == 2.5 and parsed.gpu_price == ["H100-SXM=2.99", "L4=0.71"]
+    assert parsed.metrics_window == 30
 
 
 def test_service_monitor_and_dashboard_are_optional(helm: str) -> None:

@@ -113,6 +113,7 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- with .Values.prometheusUrl }}
 - {{ printf "--prometheus-url=%s" . | quote }}
+- {{ printf "--metrics-window=%v" $.Values.metricsWindowSeconds | quote }}
 {{- end }}
 {{- range $gpu, $usd := .Values.gpuPrices }}
 - {{ printf "--gpu-price=%s=%v" $gpu $usd | quote }}

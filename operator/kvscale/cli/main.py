@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from kvscale.api.spec import KvCacheDtype, Precision
 from kvscale.controllers.peering import DEFAULT_PEERING_LIFETIME_S
 from kvscale.errors import KvscaleError
+from kvscale.metrics.queries import DEFAULT_WINDOW_S
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                      help="kopf liveness endpoint URL ('' to disable)")
     run.add_argument("--prometheus-url", help="Prometheus scraping the serving pods (enables autoscaling)")
+    run.add_argument("--metrics-window", type=int, default=DEFAULT_WINDOW_S, metavar="SECONDS",
+                     help="the rate window of the Prometheus queries (default %(default)s; keep it at 4 or more "
+                     "scrape intervals of the serving pods)")
     run.add_argument("--gpu-price", action="append", default=[], metavar="TYPE=USD",
                      help="default hourly price of a GPU type (repeatable); a resource's own prices win")
     run.add_argument("--peering", help="kopf peering name: run several replicas, only one active")

@@ -11,6 +11,7 @@ import kopf
 
 from kvscale.controllers.operator import OperatorConfig, run_operator
 from kvscale.errors import InvalidSpecError
+from kvscale.metrics.queries import MIN_WINDOW_S
 
 
 def parse_gpu_prices(items: list[str]) -> dict[str, float]:
@@ -50,6 +51,9 @@ def run_operator_command(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     if args.scan_interval <= 0:
         raise InvalidSpecError("--scan-interval must be positive")
+    if args.metrics_window < MIN_WINDOW_S:
+        raise InvalidSpecError(f"--metrics-window must be at least {MIN_WINDOW_S} seconds (a rate needs "
+                               "several scrapes of each pod)")
     if args.peering_lifetime < 10:
         raise InvalidSpecError("--peering-lifetime must be at least 10 seconds (keep-alives come 5-10 s before it)")
     level = "debug" if args.verbose else args.log_level
@@ -65,6 +69,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
         peering=args.peering,
         peering_lifetime_s=args.peering_lifetime,
         metrics_port=args.metrics_port,
+        metrics_window_s=args.metrics_window,
     )
     run_operator(config, args.liveness or None)
     return 0

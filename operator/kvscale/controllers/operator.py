@@ -33,7 +33,7 @@ from kvscale.controllers.reconcile import Outcome, Reconciler
 from kvscale.controllers.telemetry import Telemetry
 from kvscale.errors import KvscaleError
 from kvscale.kube.cluster import PLURAL, Cluster, use_kubeconfig
-from kvscale.metrics import DeploymentKey, MetricsUnavailableError, PrometheusSource
+from kvscale.metrics import DEFAULT_WINDOW_S, DeploymentKey, MetricsUnavailableError, PrometheusSource
 
 log = logging.getLogger("kvscale.operator")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kvscale"}
@@ -68,6 +68,8 @@ class OperatorConfig:
     peer: PeerIdentity | None = None  # how this operator registers in the peering (with `peering`)
     peering_lifetime_s: int = DEFAULT_PEERING_LIFETIME_S  # a peer silent for longer is dead: the handover bound
     metrics_port: int | None = None  # the operator's own /metrics
+    # The rate window of the Prometheus queries (kvscale.metrics.source): at least a few scrapes of the serving pods.
+    metrics_window_s: int = DEFAULT_WINDOW_S
     liveness_stall_s: float | None = None  # None: max(LIVENESS_INTERVALS x scan interval, LIVENESS_MIN_STALL_S)
 
     @property
@@ -351,7 +353,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, Opera
         # One connection per handler thread and one for the resync loop.
         state.cluster = await asyncio.to_thread(Cluster.from_kubeconfig, config.kubeconfig, HANDLER_WORKERS + 1)
         if config.prometheus_url:
-            state.metrics = PrometheusSource(config.prometheus_url)
+            state.metrics = PrometheusSource(config.prometheus_url, window_s=config.metrics_window_s)
         if config.metrics_port is not None:
             state.telemetry.serve(config.metrics_port)
 

@@ -29,6 +29,10 @@ from dataclasses import dataclass
 
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, PEAK_RATE_STEP_S
 
+# The rate window of every query (`kvscale run --metrics-window`): four scrapes at the common 15 s interval. A
+# rate over fewer than a few scrapes is mostly one scrape's noise, hence the least the operator takes.
+DEFAULT_WINDOW_S = 60
+MIN_WINDOW_S = 10
 # Gauges are averaged over this long (two scrapes at the common 15 s interval, 15 at the bed's 2 s).
 GAUGE_SMOOTHING_S = 30
 # vLLM's finished_reason values for requests that were not served (llm-d-inference-sim spells the label

@@ -16,6 +16,7 @@ from kvscale.autoscaler.histogram import bucketed_percentile
 from kvscale.autoscaler.signals import BelowResolution, Observation
 from kvscale.errors import KvscaleError
 from kvscale.metrics.queries import (
+    DEFAULT_WINDOW_S,
     DeploymentKey,
     MetricsLabels,
     build_arrivals_query,
@@ -24,7 +25,6 @@ from kvscale.metrics.queries import (
     build_queries,
 )
 
-DEFAULT_WINDOW_S = 60
 QUERY_TIMEOUT_S = 10
 # The HTTP deadline, a little beyond Prometheus's own query timeout: a server that accepts the
 # connection and never answers must fail the fetch, not hang the operator's resync loop.

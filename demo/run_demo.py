@@ -5,7 +5,7 @@ What runs, all on this machine and on loopback:
 1. the test bed (tests/testbed/up.sh: kube-apiserver, controllers, scheduler, kwok fake GPU nodes and
    Prometheus), started when it is not already up, and stopped at the end only if this demo started it;
 2. the operator as a subprocess, `kvscale run --prometheus-url ... -n <demo namespace> --scan-interval 5
-   --log-format plain`, logging to demo-out/operator.log;
+   --metrics-window 30 --log-format plain`, logging to demo-out/operator.log;
 3. podsim (tests/e2e/podsim.py): one llm-d-inference-sim per Running serving pod, with the published
    8b-h100-balanced latency profile, scraped by Prometheus as the pod's target;
 4. demo/llama-3.1-8b-h100.yaml applied, then the Azure conversation trace (demo/traces, CC-BY 4.0,
@@ -105,17 +105,22 @@ def create_namespace(kube: Kube) -> str:
     return name
 
 
-def start_operator(kube: Kube, prometheus_url: str, namespace: str, log_path: Path) -> subprocess.Popen[bytes]:
+def start_operator(kube: Kube, prometheus_url: str, namespace: str, log_path: Path, metrics_window_s: int,
+                   ) -> subprocess.Popen[bytes]:
     kvscale = Path(sys.executable).parent / "kvscale"
     command = [str(kvscale)] if kvscale.exists() else [sys.executable, "-m", "kvscale"]
     command += ["run", "--prometheus-url", prometheus_url, "-n", namespace, "--scan-interval", "5",
+                "--metrics-window", str(metrics_window_s),
                 "--log-format", "plain", "--kubeconfig", str(kube.kubeconfig),
                 "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
+    # Worked out before the operator starts: nothing between its start and its return may fail, or it outlives
+    # the demo (the caller stops only what was returned; --out may lie outside the repository).
+    shown = log_path.relative_to(ROOT) if log_path.is_relative_to(ROOT) else log_path
     with log_path.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 cwd=ROOT, start_new_session=True)
-    log(f"operator started (pid {proc.pid}): {' '.join(command[1:])}; log {log_path.relative_to(ROOT)}")
+    log(f"operator started (pid {proc.pid}): {' '.join(command[1:])}; log {shown}")
     return proc
 
 
@@ -226,7 +231,8 @@ class Demo:
             install_crd(kube)
             namespace = create_namespace(kube)
             log(f"namespace {namespace}; Prometheus {prometheus.url}")
-            operator = start_operator(kube, prometheus.url, namespace, self.out / "operator.log")
+            operator = start_operator(kube, prometheus.url, namespace, self.out / "operator.log",
+                                      args.metrics_window)
             sims = PodSim(kube, prometheus, [namespace]).start()
             result = kube.kubectl("apply", "-n", namespace, "-f", str(RESOURCE), check=True)
             log(result.stdout.strip() + f" ({RESOURCE.relative_to(ROOT)})")
@@ -401,6 +407,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--surge-start", type=float, default=40.0)
     p.add_argument("--surge-end", type=float, default=100.0)
     p.add_argument("--seed", type=int, default=1)
+    # The trace plays 15x faster and Prometheus scrapes every 2 s; the scale-down window and pace are compressed
+    # 5x (the resource). A 60 s rate window kept the surge in the demand for a minute after it ended.
+    p.add_argument("--metrics-window", type=int, default=30,
+                   help="the operator's Prometheus rate window, seconds (kvscale run --metrics-window)")
     p.add_argument("--out", default="demo-out")
     return p.parse_args(argv)
 

@@ -6,7 +6,8 @@ Arguments: resource (in benchmarks/data), trace, speed-up, seed. Prints attainme
 decision that changes the fleet and one per `--every` seconds otherwise: Ready and asked-for replicas, the
 desired and recommended counts, the binding, the calibrated goodput, the window's arrivals, queue, p99 TTFT
 and TPOT; `--reasons` adds each decision's reason. Then, per `--block` seconds (default 300), the requests
-that missed an SLO under kvscale and under static-peak.
+that missed an SLO under kvscale and under static-peak, and both attainments over the requests sent after the
+trace's first peak and a longest start-up (benchmarks/autoscaling.py, first_peak_note).
 """
 
 import argparse
@@ -21,7 +22,7 @@ sys.path.insert(0, "benchmarks")
 
 def main() -> None:
     import kvscale.sim.policies as policies
-    from autoscaling import CONFIG, DATA
+    from autoscaling import CONFIG, DATA, first_peak_note
     from kvscale.cli.simulate_cmd import load_deployment, load_trace, run_simulation
 
     parser = argparse.ArgumentParser()
@@ -74,7 +75,7 @@ def main() -> None:
                   f"static-peak {missed['static-peak'][i]:4.0f}")
     print(f"total: kvscale {missed['kvscale'].sum():.0f}, static-peak {missed['static-peak'].sum():.0f} "
           f"of {arrivals.sum()}")
-
+    print(first_peak_note("split", trace.arrival_s, {"kvscale": kvscale.met_slo, "static-peak": static.met_slo}))
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from benchmarks_loader import load_benchmark
 
@@ -45,3 +47,33 @@ def test_the_schedule_line_needs_99_percent_within_its_cost_limit() -> None:
     assert over[1].startswith("NOT MET")  # 0.04 pp below static-peak, at 0.98x its GPU-hours
     # A schedule below 99% sets no cost line.
     assert len(bench.goal_lines(case, _figures(0.9990, 12.43), static, (0.985, 8.0))) == 1
+
+
+def _arrivals(per_minute: list[int]) -> np.ndarray:
+    """Arrival times (s), each minute's requests spread evenly over it."""
+    return np.concatenate([60.0 * minute + np.arange(n) * 60.0 / n for minute, n in enumerate(per_minute) if n])
+
+
+def test_the_first_peak_ends_with_its_first_run_of_busy_minutes_plus_the_longest_start_up() -> None:
+    bench = load_benchmark("autoscaling")
+    # Minutes 4 and 5 are the first peak (10x the median minute), minute 8 a later one: the split falls at the end
+    # of minute 5 plus the longest start-up, and the later peak does not move it.
+    arrival_s = _arrivals([60, 60, 60, 60, 600, 600, 60, 60, 600, 60, 60, 60])
+    assert bench.after_first_peak_s(arrival_s, 300.0) == 6 * 60.0 + 300.0
+    # Poisson-like wobble around a flat load has no first peak.
+    assert bench.after_first_peak_s(_arrivals([60, 64, 57, 61, 59, 63, 58, 60]), 300.0) is None
+
+
+def test_attainment_after_the_first_peak_counts_only_the_requests_sent_after_it() -> None:
+    bench = load_benchmark("autoscaling")
+    arrival_s = _arrivals([60, 60, 600] + [60] * 12)
+    split_s = bench.after_first_peak_s(arrival_s, bench.STARTUP_RANGE_S[1])
+    assert split_s == 3 * 60.0 + 300.0  # 7 minutes of 60 requests after it
+    before = arrival_s < split_s
+    kvscale = ~before  # every request before the split missed, every later one met its SLOs
+    static = np.ones_like(kvscale)
+    static[-42:] = False  # static-peak missed the last 42 (of 420 after the split)
+    shares = bench.attainment_after_first_peak(arrival_s, {"kvscale": kvscale, "static-peak": static})
+    assert shares == {"kvscale": 100.0, "static-peak": 90.0}
+    note = bench.first_peak_note("case", arrival_s, {"kvscale": kvscale, "static-peak": static})
+    assert f"kvscale's misses before then: {int(before.sum())} of {int(before.sum())}" in note

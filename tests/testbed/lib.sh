@@ -12,6 +12,19 @@ LOGS=$ST/logs
 
 tb_log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# running NAME -> whether the process recorded in pids/NAME.pid still runs (exists and is not a zombie). Unlike
+# pid_of it does not check the binary: just after `start`, that process can still be the shell, setsid or env on
+# its way to exec'ing the binary, which pid_of reads as gone (a cold CI run once failed so, at once:
+# "lws-controller exited while waiting for: LeaderWorkerSet controller", its log showing it starting normally).
+running() {
+  local f=$PIDS/$1.pid pid state
+  [ -s "$f" ] || return 1
+  pid=$(head -n1 "$f")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
 # pid_of NAME -> prints the PID recorded in pids/NAME.pid if that process is alive AND is really
 # the binary the file is named after (guards against a recycled PID). Returns 1 otherwise.
 pid_of() {

@@ -99,13 +99,13 @@ start() {
   STARTED=1
 }
 
-# wait_for NAME WHAT CMD...: polls CMD until it succeeds, failing early if NAME's process died,
+# wait_for NAME WHAT CMD...: polls CMD until it succeeds, failing early if NAME's process died (`running`),
 # and failing after WAIT_S seconds.
 wait_for() {
   local name=$1 what=$2; shift 2
   local deadline=$(($(date +%s) + WAIT_S))
   until "$@" >/dev/null 2>&1; do
-    pid_of "$name" >/dev/null || { tb_log "$name exited while waiting for: $what"; return 1; }
+    running "$name" || { tb_log "$name exited while waiting for: $what"; return 1; }
     [ "$(date +%s)" -lt "$deadline" ] || { tb_log "timed out after ${WAIT_S}s waiting for: $what"; return 1; }
     sleep 0.2
   done

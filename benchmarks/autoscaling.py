@@ -247,23 +247,32 @@ def after_first_peak_s(arrival_s: np.ndarray, longest_startup_s: float) -> float
     return 60.0 * end + longest_startup_s
 
 
-def attainment_after_first_peak(arrival_s: np.ndarray, met: dict[str, np.ndarray]) -> dict[str, float] | None:
-    """Each policy's attainment (%) over the requests sent after the trace's first peak (after_first_peak_s)."""
+def _after_first_peak_mask(arrival_s: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """(after_first_peak_s, which requests were sent from then on), or None where the trace has no first peak."""
     warm_s = after_first_peak_s(arrival_s, STARTUP_RANGE_S[1])
     if warm_s is None:
         return None
-    later = np.asarray(arrival_s) >= warm_s
+    return warm_s, np.asarray(arrival_s) >= warm_s
+
+
+def attainment_after_first_peak(arrival_s: np.ndarray, met: dict[str, np.ndarray]) -> dict[str, float] | None:
+    """Each policy's attainment (%) over the requests sent after the trace's first peak (after_first_peak_s)."""
+    split = _after_first_peak_mask(arrival_s)
+    if split is None:
+        return None
+    later = split[1]
     return {policy: 100 * float(np.mean(ok[later])) for policy, ok in met.items()}
 
 
 def first_peak_note(label: str, arrival_s: np.ndarray, met: dict[str, np.ndarray]) -> str:
     """attainment_after_first_peak, and how many of kvscale's misses came before the first peak: where the goal
     lines are lost, before or after it."""
-    warm_s = after_first_peak_s(arrival_s, STARTUP_RANGE_S[1])
-    if warm_s is None:
+    split = _after_first_peak_mask(arrival_s)
+    attained = attainment_after_first_peak(arrival_s, met)
+    if split is None or attained is None:
         return f"{label}: no minute above the peak threshold, so no first peak to split at"
-    later = np.asarray(arrival_s) >= warm_s
-    shares = ", ".join(f"{policy} {100 * float(np.mean(ok[later])):.2f}%" for policy, ok in met.items())
+    warm_s, later = split
+    shares = ", ".join(f"{policy} {share:.2f}%" for policy, share in attained.items())
     missed = ~met["kvscale"]
     return (f"{label}: after the first peak and a longest start-up (requests sent from {warm_s:.0f} s, "
             f"{int(later.sum())} of {later.size}): {shares}; kvscale's misses before then: "

@@ -77,5 +77,6 @@ def main() -> None:
           f"of {arrivals.sum()}")
     print(first_peak_note("split", trace.arrival_s, {"kvscale": kvscale.met_slo, "static-peak": static.met_slo}))
 
+
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ import shutil
 import sys
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -33,7 +32,6 @@ from bedkit import (
     SimFactory,
     bed_required,
     start_inference_sim,
-    wait_until,
 )
 
 # Property tests: speed belongs in benchmarks, not in a per-example deadline (a 40-ms example once took
@@ -97,20 +95,9 @@ def kube() -> Iterator[Kube]:
 @pytest.fixture
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test (with its `default` ServiceAccount), deleted afterwards."""
-    from kubernetes import client
-
-    base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
-    name = f"{base}-{uuid.uuid4().hex[:6]}"
-    kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    # Pods are rejected until the serviceaccount controller has made `default` in the namespace.
-    wait_until(
-        lambda: kube.core.read_namespaced_service_account("default", name),
-        timeout=60,
-        what=f"serviceaccount {name}/default",
-    )
+    name = kube.create_namespace(request.node.name)
     yield name
-    # The namespace controller (kube-controller-manager) deletes the contents in the background.
-    kube.core.delete_namespace(name, propagation_policy="Background")
+    kube.delete_namespace(name)
 
 
 @pytest.fixture(scope="session")

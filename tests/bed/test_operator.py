@@ -34,9 +34,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def operator(kube: Kube) -> Iterator[RunningOperator]:
+def namespaces(kube: Kube, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """A namespace for each of this module's tests, made before its operator starts, by test id. The operator
+    watches exactly these: one watching every namespace would also plan and write the other lanes' resources
+    (tests/testbed/run-bed-tests.sh), fight their operators, and under that load once took over 60 s to
+    answer a resource of its own (two cold CI runs, 2026-11-29)."""
+    tests = [item for item in request.session.items
+             if isinstance(item, pytest.Function) and item.path == request.path and "namespace" in item.fixturenames]
+    made = {item.nodeid: kube.create_namespace(item.name) for item in tests}
+    yield made
+    for name in made.values():
+        found = kube.core.list_namespace(field_selector=f"metadata.name={name}").items
+        if found and found[0].status.phase == "Active":  # a test that did not run (deselected, or the run stopped)
+            kube.delete_namespace(name)
+
+
+@pytest.fixture
+def namespace(kube: Kube, namespaces: dict[str, str], request: pytest.FixtureRequest) -> Iterator[str]:
+    """This test's namespace from `namespaces` (in place of the suite's fresh one), deleted after the test (the
+    operator goes on watching it: a list or watch in a namespace that is gone is empty, not an error)."""
+    name = namespaces[request.node.nodeid]
+    yield name
+    kube.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def operator(kube: Kube, namespaces: dict[str, str]) -> Iterator[RunningOperator]:
     install_crd(kube)
-    with running_operator(kube) as running:
+    with running_operator(kube, namespaces=tuple(namespaces.values())) as running:
         yield running
 
 

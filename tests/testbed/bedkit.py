@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,23 @@ class Kube:
             timeout=timeout,
             check=check,
         )
+
+    def create_namespace(self, test_name: str) -> str:
+        """A fresh namespace named after a test (with its `default` ServiceAccount, without which pods are
+        rejected); the caller deletes it (delete_namespace)."""
+        from kubernetes import client
+
+        base = "".join(c if c.isalnum() else "-" for c in test_name.lower())[:40].strip("-")
+        name = f"{base}-{uuid.uuid4().hex[:6]}"
+        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        wait_until(lambda: self.core.read_namespaced_service_account("default", name), timeout=60,
+                   what=f"serviceaccount {name}/default")
+        return name
+
+    def delete_namespace(self, name: str) -> None:
+        """Delete a namespace; the namespace controller (kube-controller-manager) deletes its contents in the
+        background."""
+        self.core.delete_namespace(name, propagation_policy="Background")
 
 
 @dataclass

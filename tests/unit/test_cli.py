@@ -108,6 +108,8 @@ def test_predict_with_a_user_config_json(tmp_path: Path) -> None:
         (["predict", "--model", "llama-3.1-8b", "--gpu", "H100", "--tp", "3"], "not legal"),
         (["plan", "-f", "does-not-exist.yaml"], "cannot read"),
         (["run", "--metrics-window", "5"], "--metrics-window must be at least 10 seconds"),
+        (["run", "-n", "team-*"], "patterns are not supported"),
+        (["run", "-n", "prod", "-n", "Prod"], "'Prod' is not a namespace name"),
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:

@@ -6,12 +6,29 @@ import argparse
 import ctypes
 import logging
 import os
+import re
 
 import kopf
 
 from kvscale.controllers.operator import OperatorConfig, run_operator
 from kvscale.errors import InvalidSpecError
 from kvscale.metrics.queries import MIN_WINDOW_S
+
+# A namespace is a DNS-1123 label (the chart's values schema holds --namespace to the same rule).
+NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NAMESPACE_NAME_MAX = 63
+
+
+def check_namespaces(names: list[str]) -> tuple[str, ...]:
+    """The --namespace values, each a namespace's name. kopf would also take a pattern ('team-*') and watch
+    what matches, but the resync loop and the chart's Roles address namespaces by name: a pattern would
+    leave its resources planned once and never autoscaled, so it is refused here with what to pass."""
+    for name in names:
+        if len(name) > NAMESPACE_NAME_MAX or not NAMESPACE_NAME.match(name):
+            raise InvalidSpecError(
+                f"--namespace {name!r} is not a namespace name (lower-case letters, digits and '-', at most "
+                f"{NAMESPACE_NAME_MAX}); patterns are not supported: pass each namespace, or none for all")
+    return tuple(names)
 
 
 def parse_gpu_prices(items: list[str]) -> dict[str, float]:
@@ -61,7 +78,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
                    log_format=kopf.LogFormat[args.log_format.upper()])
     logging.getLogger().setLevel(level.upper())
     config = OperatorConfig(
-        namespaces=tuple(args.namespace),
+        namespaces=check_namespaces(args.namespace),
         scan_interval_s=args.scan_interval,
         kubeconfig=args.kubeconfig,
         prometheus_url=args.prometheus_url,

@@ -255,24 +255,24 @@ def _after_first_peak_mask(arrival_s: np.ndarray) -> tuple[float, np.ndarray] | 
     return warm_s, np.asarray(arrival_s) >= warm_s
 
 
+def _attainment(later: np.ndarray, met: dict[str, np.ndarray]) -> dict[str, float]:
+    return {policy: 100 * float(np.mean(ok[later])) for policy, ok in met.items()}
+
+
 def attainment_after_first_peak(arrival_s: np.ndarray, met: dict[str, np.ndarray]) -> dict[str, float] | None:
     """Each policy's attainment (%) over the requests sent after the trace's first peak (after_first_peak_s)."""
     split = _after_first_peak_mask(arrival_s)
-    if split is None:
-        return None
-    later = split[1]
-    return {policy: 100 * float(np.mean(ok[later])) for policy, ok in met.items()}
+    return None if split is None else _attainment(split[1], met)
 
 
 def first_peak_note(label: str, arrival_s: np.ndarray, met: dict[str, np.ndarray]) -> str:
     """attainment_after_first_peak, and how many of kvscale's misses came before the first peak: where the goal
     lines are lost, before or after it."""
     split = _after_first_peak_mask(arrival_s)
-    attained = attainment_after_first_peak(arrival_s, met)
-    if split is None or attained is None:
+    if split is None:
         return f"{label}: no minute above the peak threshold, so no first peak to split at"
     warm_s, later = split
-    shares = ", ".join(f"{policy} {share:.2f}%" for policy, share in attained.items())
+    shares = ", ".join(f"{policy} {share:.2f}%" for policy, share in _attainment(later, met).items())
     missed = ~met["kvscale"]
     return (f"{label}: after the first peak and a longest start-up (requests sent from {warm_s:.0f} s, "
             f"{int(later.sum())} of {later.size}): {shares}; kvscale's misses before then: "

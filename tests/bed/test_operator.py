@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def namespaces(kube: Kube, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """A namespace for each of this module's tests, made before its operator starts, by test id. The operator
     watches exactly these: one watching every namespace would also plan and write the other lanes' resources
-    (tests/testbed/run-bed-tests.sh), fight their operators, and under that load once took over 60 s to
-    answer a resource of its own (two cold CI runs, 2026-11-29)."""
+    (tests/testbed/run-bed-tests.sh) and fight their operators; so loaded, it took over 60 s to answer a
+    resource of its own in two cold CI runs (2026-11-29)."""
     tests = [item for item in request.session.items
              if isinstance(item, pytest.Function) and item.path == request.path and "namespace" in item.fixturenames]
     made = {item.nodeid: kube.create_namespace(item.name) for item in tests}

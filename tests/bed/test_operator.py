@@ -243,9 +243,7 @@ def test_deletion_removes_what_it_owns_and_never_touches_what_it_does_not(
     assert not untouched["metadata"].get("ownerReferences")
 
     apply(kube, namespace, (ROOT / "examples/llama-3.1-70b-h100.yaml").read_text())
-    # A 70B plan shares the module's operator (8 handler threads) with the other tests' plans and, under `make
-    # test`, the 2 cores with two other lanes: a cold CI run once took over 60 s to create it (alone: seconds).
-    wait_until(lambda: get(kube, "deployment", namespace, "llama-70b"), 180, "the owned Deployment")
+    wait_until(lambda: get(kube, "deployment", namespace, "llama-70b"), 60, "the owned Deployment")
     kube.kubectl("delete", "llmd", "llama-70b", "-n", namespace, "--wait=true", check=True)
     wait_until(lambda: get(kube, "deployment", namespace, "llama-70b") is None, 60, "garbage collection")
     wait_until(lambda: get(kube, "service", namespace, "llama-70b") is None, 60, "garbage collection")

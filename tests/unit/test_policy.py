@@ -728,6 +728,11 @@ def test_peaks_that_recur_regularly_show_their_period_and_others_do_not() -> Non
     sparse = _recurring(PATTERN_MAX_PERIOD_S + 300.0, 2, base=1.0, peak=6.0)
     assert sparse.forecasts.bucket_index is not None
     assert sparse.recurrence_s(sparse.forecasts.bucket_index * BUCKET_S) is None
+    # A half-hour cycle's three-minute crests, found 31 minutes apart: still a pattern.
+    half_hourly = ForecastState()
+    for t in range(0, 3000, 30):
+        half_hourly = half_hourly.observe(NOW + t, 6.0 if 900 <= t < 1080 or 2760 <= t < 2940 else 1.0)
+    assert ScalingHistory(forecasts=half_hourly).recurrence_s(NOW + 2970) == pytest.approx(1860.0, abs=BUCKET_S)
 
 
 def test_a_recurring_peak_keeps_a_fleet_standing_beyond_the_window_sized_by_throughput() -> None:
@@ -871,3 +876,33 @@ def test_a_standing_fleet_leaves_through_the_scale_down_window_when_its_pattern_
                                                            ready_replicas=standing),
                        replace(decisions[lapsed - 1].history, standing=()), lapse_s)
     assert forgetful.desired_replicas < standing
+
+
+def test_a_breach_beyond_the_goodput_teaches_only_the_shape() -> None:
+    # Beyond the goodput the policy already sizes up; the window's latencies measure the overload (prompts
+    # waiting behind others for the token budget), where the model's form is furthest from the servers:
+    # fitted there, the prefill speed fell 0.67 -> 0.44 and the fleet asked for 8 replicas where 4-5 held.
+    context = _context()
+    goodput = _goodput(context)  # per replica; _load's two pods serve twice that
+    tpot_slo_s = context.spec.slo.tpot_ms / 1000
+
+    def sample(per_replica: float, tpot_s: float, spec_context: ReplicaContext = context) -> CalibrationSample:
+        window = replace(_load(2 * per_replica, tpot_s=tpot_s, running=60.0), tpot_mean_s=tpot_s)
+        return build_calibration_sample(spec_context, window, prefill_mean_s=3.0)
+
+    overload = sample(2.0 * goodput, 2.0 * tpot_slo_s)
+    assert overload.overloaded
+    kept = calibrate(Calibration(), context.setup, overload)
+    assert (kept.decode_factor, kept.prefill_factor, kept.samples) == (1.0, 1.0, 0)
+    assert kept.input_tokens == 1024  # the shape is still learned
+    # The same breach within the goodput says the model is too fast: it is fitted.
+    within = sample(0.5 * goodput, 2.0 * tpot_slo_s)
+    assert not within.overloaded
+    assert calibrate(Calibration(), context.setup, within).prefill_factor < 1.0
+    # Beyond the goodput with the SLOs held says the model is too slow: it is fitted too.
+    assert not sample(2.0 * goodput, 0.5 * tpot_slo_s).overloaded
+    # A model that meets the SLOs at no load has no goodput to be beyond: only a fit can correct it.
+    spec = context.spec.model_copy(update={"slo": context.spec.slo.model_copy(update={"ttft_ms": 1.0})})
+    unattainable = replace(context, spec=spec)
+    assert replica_goodput(unattainable, _with_assumed_tail(RequestShape(1024, 256), spec)) == 0.0
+    assert not sample(2.0 * goodput, 2.0 * tpot_slo_s, unattainable).overloaded

@@ -12,9 +12,11 @@ efficiency (kvscale.autoscaler.engine_work); each factor the counters cannot tel
 the latency fit, and without the counters the fit is exactly the latency one.
 Windows whose arrivals came in bursts (beyond Poisson noise) teach only the request shape: their
 prompts shared steps far more than the mean rate says, and fitting speed to them reads a burst as
-slow hardware (the policy sizes for bursts separately). For the same reason windows in which requests
-queued for a slot leave the prefill speed alone: each prompt's prefill time there shares the token
-budget with a backlog's prompts, which the finished rate does not show.
+slow hardware (the policy sizes for bursts separately); windows that breached an SLO under a load beyond
+what the calibrated model says a replica holds teach only the shape too (the policy already scales up for
+them, and an overload's latencies are where the model's form is furthest from the servers'). Windows in
+which requests queued for a slot leave the prefill speed alone: each prompt's prefill time there shares
+the token budget with a backlog's prompts, which the finished rate does not show.
 A percentile teaches the tails in proportion to the requests the window held beyond it: a quiet
 window's p99 over a handful of requests is about their maximum, far below the true percentile.
 Every factor is bounded (one odd sample never swings the model past the bounds) and smoothed in log
@@ -80,6 +82,12 @@ class CalibrationSample:
     # requests waited for a slot (a queue on the replicas, or one drained in the window): prompts competed
     # with a backlog's for the token budget, so their prefill time measures the backlog, not the hardware
     queued: bool = False
+    # An SLO breached at a per-replica rate beyond what the calibrated model itself says a replica holds the
+    # SLOs at (policy.build_calibration_sample): the policy already sizes up for it, and the window measures
+    # an overload (prompts waiting behind others for the token budget), where the model's form is furthest
+    # from the servers. Fitted there, the prefill speed fell 0.67 -> 0.44 in a step from 3 to 9 req/s and the
+    # fleet asked for 8 replicas where 4-5 held (docs/benchmarks.md). Such windows teach only the shape.
+    overloaded: bool = False
     prefix_cache_hit_rate: float | None = None  # measured in this window (the shape holds the one assumed)
     engine_work: EngineWork | None = None  # the engine's own work counters, per GPU; None: not exported
     # Finished requests (all replicas) new since the previous sample, whose lengths the shape's means are
@@ -181,8 +189,8 @@ def _counter_factors(model: ReplicaModel, base: EfficiencyFactors, achieved: Ach
 
 def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSample) -> Calibration:
     """One calibration step from one window; unchanged when the window holds nothing to learn from.
-    A bursty window (CalibrationSample.bursty) updates only the request shape."""
-    if sample.bursty:
+    A bursty or overloaded window (CalibrationSample.bursty, .overloaded) updates only the request shape."""
+    if sample.bursty or sample.overloaded:
         return _with_shape(previous, sample)
     first = previous.samples == 0
     model = build_replica_model(replace(setup, efficiency=previous.efficiency(setup.efficiency)))

@@ -33,7 +33,14 @@ from kvscale.autoscaler.calibration import Calibration, CalibrationSample
 from kvscale.autoscaler.engine_work import EngineWork
 from kvscale.autoscaler.forecast import BUCKET_S, Forecast, Forecaster, ForecastState
 from kvscale.autoscaler.signals import PEAK_RATE_INTERVAL_S, Observation, check_observation
-from kvscale.perfmodel import ReplicaModel, RequestShape, ServingSetup, build_replica_model, estimate_goodput
+from kvscale.perfmodel import (
+    ReplicaModel,
+    RequestShape,
+    ServingSetup,
+    build_replica_model,
+    estimate_at_rate,
+    estimate_goodput,
+)
 from kvscale.perfmodel.serving import max_request_rate
 from kvscale.planner.search import planned_shape
 from kvscale.units import ms_to_s
@@ -66,17 +73,23 @@ RISING_BUCKETS = 3
 # saturation rate, so the queue stays bounded and the fleet still follows the load (holding it instead
 # kept a surge's replicas for good once the surge had gone).
 UNATTAINABLE_SLO_LOAD = 0.8
+# The light load (this share of a window's rate) at which the model must hold the SLOs for a window beyond its
+# goodput to count as overloaded rather than as evidence against the model (_overloaded).
+LIGHT_LOAD_SHARE = 0.1
 # Recurring peaks (a batch job every few minutes, a surge every quarter hour) come back sooner than the
 # scale-down window lets a fleet stand, and each return then waits for a start-up. The last
 # PATTERN_MEMORY_S of arrival minutes are searched for such a pattern (and the decisions' demands kept as
 # long, for the size of its peaks): minutes above PATTERN_PEAK_FACTOR x the median minute (and Poisson
 # noise), at least PATTERN_MIN_PEAKS peaks at most PATTERN_MAX_PERIOD_S apart, whose gaps differ by at
 # most PATTERN_REGULARITY x. Two peaks suffice: on an hour of 15-minute surges a third comes too late to
-# matter (tuned on the spikes and surges cases, docs/benchmarks.md).
+# matter (tuned on the spikes and surges cases, docs/benchmarks.md). A period up to 40 minutes: at 30 the
+# gaps between detected crests come out a minute over 30, and a cycle that fast rises within 15 minutes,
+# too soon for the trend to lead a start-up (a 30-min cycle: 97.10% -> 99.03% attainment; tuned there,
+# reported on held-out cycles, docs/benchmarks.md).
 PATTERN_MEMORY_S = 3_600.0
 PATTERN_PEAK_FACTOR = 1.5
 PATTERN_MIN_PEAKS = 2
-PATTERN_MAX_PERIOD_S = 1_800.0
+PATTERN_MAX_PERIOD_S = 2_400.0
 PATTERN_REGULARITY = 2.0
 # Where the peaks are shorter than a start-up, the fleet that stands for them is learned from how the last
 # peaks were served, and only the last this many bound it: a bursty trace's peaks differ, and an hour of
@@ -376,11 +389,13 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
     rate = observation.request_rate
     bursty = rate is not None and _burst_excess(observation, rate) > 0.0
     queued = (observation.waiting_requests or 0.0) / pods >= 1.0 or _drained_a_backlog(observation, context.spec)
+    rate_per_replica = None if rate is None else rate / pods
     return CalibrationSample(
         shape=shape, quantile=context.spec.slo.percentile / 100.0, running_per_replica=running / pods,
-        rate_per_replica=None if rate is None else rate / pods, slots=float(replica_slots(context, shape)),
+        rate_per_replica=rate_per_replica, slots=float(replica_slots(context, shape)),
         tpot_mean_s=observation.tpot_mean_s, tpot_quantile_s=observation.tpot_s, ttft_quantile_s=observation.ttft_s,
         prefill_mean_s=prefill_mean_s, bursty=bursty,
+        overloaded=rate_per_replica is not None and _overloaded(context, observation, rate_per_replica),
         # Windows with a replica starting are left out too. Its pod serves no /metrics yet, so the
         # per-pod figures would be the serving pods' own, but taking those windows (a ramp's, a burst's
         # aftermath) cost 2 points of attainment on the bursty code trace (docs/operator.md).
@@ -389,6 +404,26 @@ def build_calibration_sample(context: ReplicaContext, observation: Observation, 
         # Windows overlap when decisions come faster than a window: the requests new since the last one.
         new_requests=None if rate is None else rate * min(observation.window_s, context.decision_interval_s),
         window_requests=None if rate is None else rate * observation.window_s)
+
+
+def _overloaded(context: ReplicaContext, observation: Observation, rate_per_replica: float) -> bool:
+    """Whether the window breached an SLO (beyond BREACH_TOLERANCE) at a per-replica rate at which the
+    calibrated model predicts a breach too, while it predicts the SLOs held at a light load: a load beyond
+    the goodput, which the policy already sizes up for (CalibrationSample.overloaded). A model that breaches
+    at every load (no goodput) or that meets the SLOs at the window's rate is still fitted: only a fit shows
+    it wrong."""
+    spec = context.spec
+    if rate_per_replica <= 0.0 or _slo_ratio(observation, spec) <= 1.0 + BREACH_TOLERANCE:
+        return False
+    calibration = context.calibration
+    shape = calibration.shape(_with_assumed_tail(_shape(observation, spec), spec))
+    rates = np.array([LIGHT_LOAD_SHARE * rate_per_replica, rate_per_replica])
+    at = estimate_at_rate(calibrated_replica_model(context), shape, rates, float(replica_slots(context, shape)),
+                          spec.slo.percentile / 100.0)
+    held = ((np.asarray(at.stable, dtype=bool))
+            & (np.asarray(at.ttft_quantile_s) * calibration.ttft_tail_factor <= ms_to_s(spec.slo.ttft_ms))
+            & (np.asarray(at.tpot_quantile_s) * calibration.tpot_tail_factor <= ms_to_s(spec.slo.tpot_ms)))
+    return bool(held[0]) and not bool(held[1])
 
 
 def _drained_a_backlog(observation: Observation, spec: LLMDeploymentSpec) -> bool:

@@ -5,7 +5,8 @@ Run from the repository root:
 Arguments: resource (in benchmarks/data), trace, speed-up, seed. Prints attainment and GPU-hours, then every
 decision that changes the fleet and one per `--every` seconds otherwise: Ready and asked-for replicas, the
 desired and recommended counts, the binding, the calibrated goodput, the window's arrivals, queue, p99 TTFT
-and TPOT; `--reasons` adds each decision's reason. Then, per `--block` seconds (default 300), the requests
+and TPOT; `--reasons` adds each decision's reason; `--pattern-max-period-s` sets the recurring-peak rule's longest
+period for the run (docs/experiments/heldout_cycles.sh). Then, per `--block` seconds (default 300), the requests
 that missed an SLO under kvscale and under static-peak, and both attainments over the requests sent after the
 trace's first peak and a longest start-up (benchmarks/autoscaling.py, first_peak_note).
 """
@@ -33,7 +34,13 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=60.0)
     parser.add_argument("--block", type=float, default=300.0)
     parser.add_argument("--reasons", action="store_true")
+    parser.add_argument("--pattern-max-period-s", type=float, default=None,
+                        help="replaces kvscale.autoscaler.policy.PATTERN_MAX_PERIOD_S for this run")
     args = parser.parse_args()
+    if args.pattern_max_period_s is not None:
+        import kvscale.autoscaler.policy as policy
+
+        policy.PATTERN_MAX_PERIOD_S = args.pattern_max_period_s  # read at each decision
 
     log: list[tuple[float, Any, Any, Any]] = []
     original = policies.decide

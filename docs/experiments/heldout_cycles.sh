@@ -7,8 +7,10 @@ C="input=1155:output=211:lengths=exponential:seed=22"
 K="input=2048:output=28:lengths=exponential:seed=22"
 run() {
   local name=$1 resource=$2 trace=$3
-  echo "$name $(.venv/bin/python docs/experiments/pattern_period.py "$resource" "$trace" 5 1800)"
-  echo "$name $(.venv/bin/python docs/experiments/pattern_period.py "$resource" "$trace" 5 2400 --static)"
+  for period_s in 1800 2400; do
+    echo "$name, period $period_s s: $(.venv/bin/python docs/experiments/decision_log.py "$resource" "$trace" 1.0 5 \
+      --every 100000 --pattern-max-period-s "$period_s" | sed -n 1p)"
+  done
 }
 run conv-cycle-35min autoscaling-conv.yaml "synthetic:diurnal:rate=5.53:amplitude=0.6:period=2100:duration=7200:$C"
 run conv-surges-8min-every-25min autoscaling-conv.yaml "synthetic:bursts:rate=3:burst_rate=8:every=1500:length=480:duration=7200:$C"

@@ -906,3 +906,12 @@ def test_a_breach_beyond_the_goodput_teaches_only_the_shape() -> None:
     unattainable = replace(context, spec=spec)
     assert replica_goodput(unattainable, _with_assumed_tail(RequestShape(1024, 256), spec)) == 0.0
     assert not sample(2.0 * goodput, 2.0 * tpot_slo_s, unattainable).overloaded
+    # Where the longest prompts alone miss the TTFT SLO, the goodput is the rest's (replica_goodput), and a
+    # load beyond that is an overload too: judged by the percentile prompt, every window would be fitted.
+    spec = context.spec.model_copy(update={"slo": context.spec.slo.model_copy(update={"ttft_ms": 200.0})})
+    long_prompts = replace(context, spec=spec)
+    tailed = _with_assumed_tail(RequestShape(1024, 256), spec)
+    rest = replica_goodput(long_prompts, tailed)
+    assert rest > 0.0 and rest == replica_goodput(long_prompts, replace(tailed, input_tokens_tail=None))
+    assert sample(2.0 * rest, 2.0 * tpot_slo_s, long_prompts).overloaded
+    assert not sample(0.5 * rest, 2.0 * tpot_slo_s, long_prompts).overloaded

@@ -411,19 +411,35 @@ def _overloaded(context: ReplicaContext, observation: Observation, rate_per_repl
     calibrated model predicts a breach too, while it predicts the SLOs held at a light load: a load beyond
     the goodput, which the policy already sizes up for (CalibrationSample.overloaded). A model that breaches
     at every load (no goodput) or that meets the SLOs at the window's rate is still fitted: only a fit shows
-    it wrong."""
+    it wrong. Where the longest prompts alone miss the TTFT SLO, the rest of the requests are judged, as
+    replica_goodput sizes for them."""
     spec = context.spec
     if rate_per_replica <= 0.0 or _slo_ratio(observation, spec) <= 1.0 + BREACH_TOLERANCE:
         return False
-    calibration = context.calibration
-    shape = calibration.shape(_with_assumed_tail(_shape(observation, spec), spec))
+    shape = calibrated_shape(context, observation)
+    model = calibrated_replica_model(context)
     rates = np.array([LIGHT_LOAD_SHARE * rate_per_replica, rate_per_replica])
-    at = estimate_at_rate(calibrated_replica_model(context), shape, rates, float(replica_slots(context, shape)),
-                          spec.slo.percentile / 100.0)
-    held = ((np.asarray(at.stable, dtype=bool))
-            & (np.asarray(at.ttft_quantile_s) * calibration.ttft_tail_factor <= ms_to_s(spec.slo.ttft_ms))
-            & (np.asarray(at.tpot_quantile_s) * calibration.tpot_tail_factor <= ms_to_s(spec.slo.tpot_ms)))
+    held = _slos_held(context, model, shape, rates)
+    if not held[0] and shape.input_tokens_tail is not None:
+        held = _slos_held(context, model, replace(shape, input_tokens_tail=None), rates)
     return bool(held[0]) and not bool(held[1])
+
+
+def _slos_held(context: ReplicaContext, model: ReplicaModel, shape: RequestShape,
+               rates_per_replica: np.ndarray) -> np.ndarray:
+    """Per rate, whether the calibrated model (its tail factors included) holds both SLOs there."""
+    calibration, slo = context.calibration, context.spec.slo
+    at = estimate_at_rate(model, shape, rates_per_replica, float(replica_slots(context, shape)),
+                          slo.percentile / 100.0)
+    return ((np.asarray(at.stable, dtype=bool))
+            & (np.asarray(at.ttft_quantile_s) * calibration.ttft_tail_factor <= ms_to_s(slo.ttft_ms))
+            & (np.asarray(at.tpot_quantile_s) * calibration.tpot_tail_factor <= ms_to_s(slo.tpot_ms)))
+
+
+def calibrated_shape(context: ReplicaContext, observation: Observation) -> RequestShape:
+    """The window's request shape as the calibrated model sizes for it: the observed mean, the percentile
+    prompt assumed as the plan assumes it until calibration has seen it, then calibration's own."""
+    return context.calibration.shape(_with_assumed_tail(_shape(observation, context.spec), context.spec))
 
 
 def _drained_a_backlog(observation: Observation, spec: LLMDeploymentSpec) -> bool:
@@ -688,7 +704,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
         text = problem or "no metrics"
         return _hold(context, history, f"holding {context.current_replicas} replicas: {text}", text)
 
-    shape = context.calibration.shape(_with_assumed_tail(_shape(observation, spec), spec))
+    shape = calibrated_shape(context, observation)
     model = calibrated_replica_model(context)  # built once: goodput and, where that is 0, throughput
     goodput = replica_goodput(context, shape, model)
     slo_attainable = goodput > 0.0

@@ -22,7 +22,7 @@ import yaml
 from bedkit import Kube, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from operator_harness import CRD, RunningOperator, condition, get, install_crd
+from operator_harness import CRD, RunningOperator, apply, condition, get, install_crd
 
 from kvscale.api.spec import parse_resource
 from kvscale.catalog import load_catalog
@@ -265,6 +265,13 @@ def fuzzed_specs(draw: st.DrawFn) -> Fuzzed:
 def test_fuzzed_resources_are_rejected_naming_a_field_or_settle_with_a_condition(
         kube: Kube, namespace: str, operator_in_namespace: RunningOperator, capsys: pytest.CaptureFixture[str]) -> None:
     operator = operator_in_namespace
+    # The accepted draws' Deployments would take the bed's GPUs (26 pods on every H100 and L4 node in one run)
+    # from the tests beside this one in the other lanes, whose pods then stayed Pending: a quota of no GPU lets
+    # every Deployment be written and no GPU pod be created. The outcomes checked here are the conditions.
+    apply(kube, namespace, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-gpus"},
+                            "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}})
+    wait_until(lambda: ((get(kube, "resourcequota", namespace, "no-gpus") or {}).get("status") or {}).get("hard"),
+               60, "the GPU quota's status (the quota controller)")
     names = (f"fuzz-{i}" for i in itertools.count())
     accepted: list[tuple[str, Fuzzed]] = []
     rejected: list[tuple[Fuzzed, str]] = []
@@ -328,3 +335,8 @@ def test_fuzzed_resources_are_rejected_naming_a_field_or_settle_with_a_condition
 
     wait_until(quiet, 300, "three resync passes that change no fuzzed resource", interval=0)
     assert operator.thread.is_alive() and operator.state.failures == 0
+    # The Deployments were written, and none of their pods took a GPU from the other lanes.
+    planned = [name for name, found in outcomes.items() if found == "Planned"]
+    written = {d.metadata.name for d in kube.apps.list_namespaced_deployment(namespace).items}
+    assert set(planned) <= written, (planned, written)
+    assert not kube.core.list_namespaced_pod(namespace).items

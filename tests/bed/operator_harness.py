@@ -154,6 +154,15 @@ def apply(kube: Kube, namespace: str, document: Mapping[str, Any] | str) -> None
     assert result.returncode == 0, result.stderr
 
 
+def apply_quota(kube: Kube, namespace: str, name: str, hard: Mapping[str, str]) -> None:
+    """A ResourceQuota in `namespace`, awaited until the quota controller has counted it: the API
+    server enforces a quota only once its status is written."""
+    apply(kube, namespace, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name},
+                            "spec": {"hard": dict(hard)}})
+    wait_until(lambda: ((get(kube, "resourcequota", namespace, name) or {}).get("status") or {}).get("hard"),
+               60, f"the status of quota {name} (the quota controller)")
+
+
 def resource_versions(kube: Kube, namespace: str, names: list[str]) -> dict[str, str]:
     """resourceVersion of each resource, its Deployment and its Service."""
     found = {}

@@ -22,7 +22,7 @@ import yaml
 from bedkit import Kube, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from operator_harness import CRD, RunningOperator, apply, condition, get, install_crd
+from operator_harness import CRD, RunningOperator, apply_quota, condition, get, install_crd
 
 from kvscale.api.spec import parse_resource
 from kvscale.catalog import load_catalog
@@ -268,10 +268,7 @@ def test_fuzzed_resources_are_rejected_naming_a_field_or_settle_with_a_condition
     # The accepted draws' Deployments would take the bed's GPUs (26 pods on every H100 and L4 node in one run)
     # from the tests beside this one in the other lanes, whose pods then stayed Pending: a quota of no GPU lets
     # every Deployment be written and no GPU pod be created. The outcomes checked here are the conditions.
-    apply(kube, namespace, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-gpus"},
-                            "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}})
-    wait_until(lambda: ((get(kube, "resourcequota", namespace, "no-gpus") or {}).get("status") or {}).get("hard"),
-               60, "the GPU quota's status (the quota controller)")
+    apply_quota(kube, namespace, "no-gpus", {"requests.nvidia.com/gpu": "0"})
     names = (f"fuzz-{i}" for i in itertools.count())
     accepted: list[tuple[str, Fuzzed]] = []
     rejected: list[tuple[Fuzzed, str]] = []

@@ -16,6 +16,7 @@ from bedkit import Kube, wait_until
 from operator_harness import (
     RunningOperator,
     apply,
+    apply_quota,
     events,
     get,
     load_document,
@@ -82,11 +83,7 @@ def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
     webhook alike."""
     operator = operator_in_namespace
     caplog.set_level(logging.WARNING, logger="kvscale.operator")
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-services"},
-             "spec": {"hard": {"services": "0"}}}
-    apply(kube, namespace, quota)
-    wait_until(lambda: (q := get(kube, "resourcequota", namespace, "no-services")) and q.get("status", {}).get("hard"),
-               60, "the quota's status (the quota controller)")
+    apply_quota(kube, namespace, "no-services", {"services": "0"})
 
     apply(kube, namespace, load_document(EXAMPLE))
     refused = wait_condition(kube, namespace, NAME, "WriteFailed", "True")

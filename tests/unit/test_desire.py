@@ -40,6 +40,9 @@ from kvscale.kube.builders import Owner, build_deployment, build_service
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((ROOT / "examples" / "llama-3.1-70b-h100.yaml").read_text())
+# Twice the example's traffic: a plan of several replicas, which the scale-down tests need (at 10 req/s
+# one TP8 replica can carry it all).
+EXAMPLE["spec"]["workload"]["requestsPerSecond"] = 20
 T0 = datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC)
 UID = "0b8e2c6a-0000-4000-8000-000000000001"
 OWNER = Owner(name="llama-70b", namespace="team-a", uid=UID)

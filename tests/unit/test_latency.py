@@ -15,14 +15,13 @@ from kvscale.api.spec import Precision
 from kvscale.catalog import find_gpu, resolve_architecture
 from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency, estimate_at_rate
 from kvscale.perfmodel.distributions import (
-    compound_poisson_sf,
     gamma_sf,
     lognormal_strata,
     normal_sf,
     percentile_strata,
     quantile_by_bisection,
 )
-from kvscale.perfmodel.latency import output_interval_strata
+from kvscale.perfmodel.latency import output_interval_strata, tpot_quantile_s
 from kvscale.perfmodel.serving import first_wave_ttft_mean_s, run_ttft_mean_s
 
 
@@ -38,13 +37,23 @@ def test_normal_and_gamma_tails_match_closed_forms() -> None:
         assert float(gamma_sf(x, 1.0, 1.0)) == pytest.approx(math.exp(-x), rel=0.06)
 
 
-def test_compound_poisson_has_its_atom_and_its_mean() -> None:
-    events, size = 0.3, 2.0
-    # With fixed sizes S > 0 exactly when at least one event happens.
-    assert float(compound_poisson_sf(0.5, events, size, size**2)) == pytest.approx(1 - math.exp(-events), rel=0.02)
-    xs = np.linspace(0.0, 60.0, 6001)
-    mean = float(np.trapezoid(compound_poisson_sf(xs, 5.0, size, size**2), xs))
-    assert mean == pytest.approx(5.0 * size, rel=0.03)
+def test_only_a_first_prompt_opens_a_request_to_the_prompts_behind_it() -> None:
+    """Requests of 6 tokens (5 decode steps of 12 ms), prompts of 300 ms of chunks. Prompts that arrive
+    while a prompt's chunks run queue behind it, so they reach a request only once a prompt that arrived
+    in its undisturbed steps, or during its TTFT, disturbs it."""
+    lengths = ((0.01, 6.0), (0.5, 6.0), (0.99, 6.0))
+
+    def p99_s(rate: float, queued_window_s: float) -> float:
+        return float(tpot_quantile_s(np.array(0.012), np.array(0.0), np.array(0.013), np.array(0.14),
+                                     np.array(rate), np.array(queued_window_s), np.array([0.3]), np.array([1.0]),
+                                     6.0, None, 0.99, lengths))
+
+    # 0.1 prompts/s over 60 ms of undisturbed decoding: 0.6% of requests see one, fewer than the 1% the
+    # p99 leaves, so the p99 is an undisturbed step (counting arrivals over a 40 ms-TPOT life put it at 40+).
+    assert p99_s(0.1, 0.0) == pytest.approx(0.012, rel=0.02)
+    # Half a second of TTFT queues 5% of requests behind a prompt: now the p99 carries one.
+    assert p99_s(0.1, 0.5) > 0.05
+    assert p99_s(0.3, 0.0) > 0.04  # 1.8% disturbed while decoding
 
 
 def test_length_strata_keep_the_mean_and_the_stated_percentiles() -> None:

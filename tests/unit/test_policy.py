@@ -908,7 +908,7 @@ def test_a_breach_beyond_the_goodput_teaches_only_the_shape() -> None:
     assert not sample(2.0 * goodput, 2.0 * tpot_slo_s, unattainable).overloaded
     # Where the longest prompts alone miss the TTFT SLO, the goodput is the rest's (replica_goodput), and a
     # load beyond that is an overload too: judged by the percentile prompt, every window would be fitted.
-    spec = context.spec.model_copy(update={"slo": context.spec.slo.model_copy(update={"ttft_ms": 200.0})})
+    spec = context.spec.model_copy(update={"slo": context.spec.slo.model_copy(update={"ttft_ms": 150.0})})
     long_prompts = replace(context, spec=spec)
     tailed = _with_assumed_tail(RequestShape(1024, 256), spec)
     rest = replica_goodput(long_prompts, tailed)

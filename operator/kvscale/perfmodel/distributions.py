@@ -37,21 +37,6 @@ def gamma_sf(x: ArrayLike, mean: ArrayLike, variance: ArrayLike) -> Array:
     return np.where(np.asarray(x) <= 0.0, 1.0, normal_sf(z))
 
 
-def compound_poisson_sf(x: ArrayLike, events: ArrayLike, size_mean: ArrayLike, size_second_moment: ArrayLike,
-                        ) -> Array:
-    """P(S > x) for S the sum of a Poisson(`events`) number of independent sizes: an atom at 0 of
-    probability exp(-events), the rest a gamma matched to S's conditional mean and variance."""
-    lam = np.maximum(np.asarray(events, dtype=np.float64), 0.0)
-    mu = np.asarray(size_mean, dtype=np.float64)
-    m2 = np.asarray(size_second_moment, dtype=np.float64)
-    none = np.exp(-lam)
-    some = np.maximum(1.0 - none, 1e-300)
-    mean_if_any = lam * mu / some
-    second_if_any = (lam * m2 + (lam * mu) ** 2) / some
-    var_if_any = np.maximum(second_if_any - mean_if_any**2, 1e-18 * np.maximum(mean_if_any, 1e-300) ** 2)
-    return np.where(np.asarray(x) < 0.0, 1.0, some * gamma_sf(x, mean_if_any, var_if_any))
-
-
 # Stratum edges in probability: even through the body, ever finer through the tail, so that the
 # percentiles an SLO names (p90 to p99.9) fall between strata rather than inside the last one.
 _STRATA_EDGES = np.array([0.0, 0.15, 0.3, 0.45, 0.6, 0.7, 0.8, 0.87, 0.92, 0.95, 0.97, 0.98, 0.987, 0.992, 0.995,

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from kvscale.perfmodel.distributions import (
     BOTH_ENDS_EDGES,
-    compound_poisson_sf,
+    gamma_sf,
     lognormal_strata_by_scv,
     percentile_strata,
     quantile_by_bisection,
@@ -102,20 +102,25 @@ def _overlap_moments(residence_s: Array, window_s: Array) -> tuple[Array, Array]
 
 
 def tpot_quantile_s(decode_s: Array, decode_slope_s: Array, mean_step_s: Array, full_step_s: Array,
-                    prompt_rate: Array, lead_s: Array, prompt_extra_s: Array, prompt_weights: Array,
+                    prompt_rate: Array, queued_window_s: Array, prompt_extra_s: Array, prompt_weights: Array,
                     mean_output_tokens: float, output_scv: float | None, quantile: float,
                     output_percentiles: tuple[tuple[float, float], ...] = ()) -> Array:
     """The `quantile` of per-request TPOT over output lengths (output_interval_strata).
 
-    A request of n intervals with TPOT t lives n·t seconds; the requests arriving meanwhile (and
-    those that arrived during its own TTFT, `lead_s`, queued behind it and prefilled in its first
-    steps, which is what makes short requests' TPOT high) each add their prompt's extra step time
-    (`prompt_extra_s`, per prompt stratum on the last axis) and, while they decode beside it,
-    `decode_slope_s` to each step. So P(TPOT > t) = P(S > n·(t - base)), S compound Poisson with
-    mean count rate·(n·t + lead): a slow request's longer life takes in more arrivals, which is what
-    stretches the tail; the decode base is what remains of the mean step without them. A step carries
-    at most one full chunk (`full_step_s`), so a request of n steps takes in at most n chunks of a
-    long prompt, and of one arriving mid-life only the chunks before its end.
+    A request of n intervals with TPOT t lives n·t seconds; other prompts' chunks in its steps add their
+    extra step time (`prompt_extra_s`, per prompt stratum on the last axis), and each other request
+    decoding beside it adds `decode_slope_s` to every step they share. Three kinds of prompts reach its
+    steps (docs/accuracy.md, "the TPOT tail's sources"):
+    - queued: those that arrived during its TTFT (`queued_window_s`, the engine's part of it) wait behind
+      it; its last prefill step's leftover room takes a part (uniform over a chunk), the rest runs in its
+      decode steps, at most n chunks;
+    - early: those arriving while it decodes undisturbed (n decode steps) start at the next step: of k
+      chunk-steps arriving at a uniform step, k - k²/2n fall inside;
+    - late: at TPOT t its life holds n·(t - decode) seconds of prompt steps, and the prompts arriving in
+      them queue behind the one in progress (its residual chunks, E[k²]/2E[k]), so fewer of theirs fit.
+    Late prompts exist only once a queued or early one disturbs the request, so P(TPOT > t) is
+    P(a first prompt) x P(S > n·(t - base) | one), S's conditional mean and variance matched by a gamma;
+    the decode base is what remains of the mean step without the others.
     """
     intervals, weights = output_interval_strata(mean_output_tokens, output_scv, output_percentiles)
     n = intervals[:, None]  # (lengths, prompts)
@@ -123,35 +128,58 @@ def tpot_quantile_s(decode_s: Array, decode_slope_s: Array, mean_step_s: Array, 
     slope = np.asarray(decode_slope_s, dtype=np.float64)[..., None]
     step = np.asarray(mean_step_s, dtype=np.float64)[..., None]
     rate = np.asarray(prompt_rate, dtype=np.float64)[..., None]
-    lead = np.asarray(lead_s, dtype=np.float64)[..., None]
+    window = np.asarray(queued_window_s, dtype=np.float64)[..., None]
     per_chunk = np.maximum(np.asarray(full_step_s, dtype=np.float64) - np.asarray(decode_s, dtype=np.float64),
                            1e-12)[..., None, None]
     extra = np.asarray(prompt_extra_s, dtype=np.float64)[..., None, :]
     chunks = extra / per_chunk
-    # Arriving at a uniform moment of the request's life: k - k²/2n of its k chunk-steps fall inside.
-    inside = np.where(chunks <= n, extra * (1.0 - chunks / (2.0 * n)), per_chunk * n / 2.0)
-    queued = np.minimum(extra, per_chunk * n)
     w = np.asarray(prompt_weights, dtype=np.float64)
-    inside_mean, inside_second = np.sum(inside * w, axis=-1), np.sum(inside**2 * w, axis=-1)
-    queued_mean, queued_second = np.sum(queued * w, axis=-1), np.sum(queued**2 * w, axis=-1)
+    early = _inside_window(extra, chunks, per_chunk, n)
+    leftover = np.where(chunks <= 1.0, chunks - chunks**2 / 2.0, 0.5) * per_chunk
+    queued = np.minimum(np.maximum(extra - leftover, 0.0), per_chunk * n)
+    mean_chunks = np.sum(chunks * w, axis=-1, keepdims=True)
+    residual = np.sum(chunks**2 * w, axis=-1, keepdims=True) / (2.0 * np.maximum(mean_chunks, 1e-12))
+    late = np.where(n > residual, _inside_window(extra, chunks, per_chunk, np.maximum(n - residual, 1e-9)), 0.0)
     # The others' decode cost while in the request's life (taken at the mean step: the batch term is
     # second order), per arrival inside it and per one queued before: steps shared x the slope.
     residences = intervals * step  # (..., lengths): how long the others decode
     joins_inside, joins_before = _overlap_moments(residences[..., None, :], residences[..., :, None])
     batch_inside = slope * np.sum(joins_inside * weights, axis=-1) / step
     batch_before = slope * np.sum(joins_before * weights, axis=-1) / step
+    early_m = _size_moments(early, w, batch_inside)
+    queued_m = _size_moments(queued, w, batch_before)
+    late_m = _size_moments(late, w, batch_inside)
+    early_count = rate * intervals * decode
+    queued_count = rate * window
+    first_count = np.maximum(early_count + queued_count, 1e-300)
+    first_mean = (early_count * early_m[0] + queued_count * queued_m[0]) / first_count
+    first_second = (early_count * early_m[1] + queued_count * queued_m[1]) / first_count
+    disturbed = np.maximum(-np.expm1(-first_count), 1e-300)  # P(at least one first prompt)
+    given_mean = first_count * first_mean / disturbed
+    given_var = (first_count * first_second + (first_count * first_mean) ** 2) / disturbed - given_mean**2
 
     def survival(t: Array) -> Array:
         tt = t[..., None]
-        during, before = rate * intervals * tt, rate * lead
-        events = np.maximum(during + before, 1e-300)
-        size_inside, size_before = inside_mean + batch_inside, queued_mean + batch_before
-        mean_e = (during * size_inside + before * size_before) / events
-        second_e = (during * (inside_second + 2.0 * inside_mean * batch_inside + batch_inside**2)
-                    + before * (queued_second + 2.0 * queued_mean * batch_before + batch_before**2)) / events
-        base = decode - (during * batch_inside + before * batch_before) / intervals
-        return np.asarray(np.sum(compound_poisson_sf(intervals * (tt - base), events, mean_e, second_e) * weights,
-                                 axis=-1))
+        late_count = rate * intervals * np.maximum(tt - decode, 0.0)
+        base = decode - ((early_count + late_count) * batch_inside + queued_count * batch_before) / intervals
+        x = intervals * (tt - base)
+        mean = given_mean + late_count * late_m[0]
+        var = np.maximum(given_var + late_count * late_m[1], 1e-18 * np.maximum(mean, 1e-300) ** 2)
+        return np.asarray(np.sum(np.where(x < 0.0, 1.0, disturbed * gamma_sf(x, mean, var)) * weights, axis=-1))
 
     ceiling = np.maximum(np.asarray(full_step_s, dtype=np.float64), decode[..., 0]) * 1.1
     return quantile_by_bisection(survival, quantile, np.asarray(decode_s, dtype=np.float64) * 0.5, ceiling)
+
+
+def _inside_window(extra: Array, chunks: Array, per_chunk: Array, steps: Array) -> Array:
+    """Of a prompt of `chunks` chunk-steps (`extra` seconds) that starts at a uniform step of a window of
+    `steps` steps, the time that falls inside it: k - k²/2n chunk-steps, or half the window when longer."""
+    return np.where(chunks <= steps, extra * (1.0 - chunks / (2.0 * steps)), per_chunk * steps / 2.0)
+
+
+def _size_moments(sizes: Array, prompt_weights: Array, batch_s: Array) -> tuple[Array, Array]:
+    """(mean, second moment) over prompt strata of one prompt's time in the request's steps plus the
+    decode cost `batch_s` it adds while it decodes beside it."""
+    mean = np.sum(sizes * prompt_weights, axis=-1)
+    second = np.sum(sizes**2 * prompt_weights, axis=-1)
+    return mean + batch_s, second + 2.0 * mean * batch_s + batch_s**2

@@ -241,17 +241,16 @@ def _steps(model: ReplicaModel, shape: RequestShape, running: Array, quantile: f
 
 
 def _tpot(steps: _Steps, others_rate: Array, ttft_mean_s: Array, shape: RequestShape, quantile: float,
-          ) -> tuple[Array, Array]:
-    """(mean, quantile) TPOT of a request while other requests' prompts arrive at `others_rate`. Of the
-    prompts that arrived during its TTFT, about half are prefilled before its first token (in the
-    room its own last chunk leaves): the other half lead into its decode steps."""
+          overhead_s: float) -> tuple[Array, Array]:
+    """(mean, quantile) TPOT of a request while other requests' prompts arrive at `others_rate`. The
+    prompts that arrived during the engine's part of its TTFT (the API's `overhead_s` aside) queue behind
+    it and run mostly in its decode steps (kvscale.perfmodel.latency.tpot_quantile_s)."""
     extra_mean = np.sum(steps.prompt_extra_s * steps.weights, axis=-1)
-    lead = np.where(np.isfinite(ttft_mean_s), ttft_mean_s, 0.0) / 2.0
+    queued_window = np.maximum(np.where(np.isfinite(ttft_mean_s), ttft_mean_s, 0.0) - overhead_s, 0.0)
     mean = steps.decode_s + others_rate * steps.mean_s * extra_mean
-    prompt_extra = steps.prompt_extra_s
     return mean, tpot_quantile_s(steps.decode_s, steps.decode_slope_s, steps.mean_s, steps.full_step_s, others_rate,
-                                 lead, prompt_extra, steps.weights, shape.output_tokens, shape.output_tokens_scv,
-                                 quantile, shape.output_percentiles)
+                                 queued_window, steps.prompt_extra_s, steps.weights, shape.output_tokens,
+                                 shape.output_tokens_scv, quantile, shape.output_percentiles)
 
 
 def _ttft_overhead_s(model: ReplicaModel) -> float:
@@ -350,7 +349,7 @@ def estimate_at_concurrency(model: ReplicaModel, shape: RequestShape, concurrenc
     ttft_q = ttft_quantile_s(steps.own_prefill_s, steps.weights, busy, _wait_decay(busy, wait - busy * shift), shift,
                              fixed, quantile)
     ttft_mean = steps.own_prefill_mean_s + alignment + wait
-    tpot_mean, tpot_q = _tpot(steps, others, ttft_mean, shape, quantile)
+    tpot_mean, tpot_q = _tpot(steps, others, ttft_mean, shape, quantile, _ttft_overhead_s(model))
     return LoadEstimate(
         running_seqs=running,
         request_rate=rate,
@@ -514,7 +513,7 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     wait = wait + busy * shift
     ttft_mean = np.where(stable, steps.own_prefill_mean_s + wait + alignment + slot_wait_mean, np.inf)
     served = np.minimum(rate, full_rate)
-    tpot_mean, tpot_q = _tpot(steps, served, ttft_mean, shape, quantile)
+    tpot_mean, tpot_q = _tpot(steps, served, ttft_mean, shape, quantile, _ttft_overhead_s(model))
     return LoadEstimate(
         running_seqs=running,
         request_rate=served,

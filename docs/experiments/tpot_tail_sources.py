@@ -9,8 +9,8 @@ prompt whose chunks share a step with its decode steps is counted, by when it ar
 request's TTFT (queued behind it: "before") or while it decodes, in a decode-only step or in a step that
 already carried prompt chunks. Each prompt's share of a step's extra time (the step minus the same step
 without prompt tokens) is in proportion to the tokens it took in that step. Prints the counts and
-mean sizes per request, the same for the requests whose TPOT is above `--tail-ms`, and what the model
-assumes (rate x TTFT / 2 prompts queued before the first token; rate x n x TPOT arriving while it decodes).
+mean sizes per request, the same for the requests whose TPOT is above `--tail-ms`, and how many prompts the
+model counts as queued before the first token (kvscale.perfmodel.latency.tpot_quantile_s).
 """
 
 import argparse
@@ -114,8 +114,10 @@ def main() -> None:
     ttft_mean = float(np.mean([first[i] - arrival[i] for i in chosen]))
     print(f"{case.name} at {args.load:g} of goodput ({rate:.2f} req/s), outputs [{args.low}, {args.high}): "
           f"{len(chosen)} requests, TTFT mean {ttft_mean * 1e3:.0f} ms (rate x TTFT = {rate * ttft_mean:.3f})")
-    print(f"model: TTFT mean {float(promise.ttft_mean_s) * 1e3:.0f} ms, prompts queued before the first token "
-          f"rate x TTFT / 2 = {rate * float(promise.ttft_mean_s) / 2:.3f}")
+    overhead_s = replica.response_delay_s
+    print(f"model: TTFT mean {float(promise.ttft_mean_s) * 1e3:.0f} ms; prompts queued before the first token: "
+          f"rate x (TTFT - API overhead) = {rate * (float(promise.ttft_mean_s) - overhead_s):.3f} "
+          f"(until 2026-11-29 rate x TTFT / 2 = {rate * float(promise.ttft_mean_s) / 2:.3f})")
     for label, group in (("all", chosen), (f"TPOT > {args.tail_ms:g} ms", [i for i in chosen
                                                                           if tpot[i] > args.tail_ms / 1e3])):
         found: dict[str, list[float]] = {k: [] for k in kinds}

@@ -6,10 +6,10 @@ mean, exponential tail with an atom at zero), then runs its own chunks. Prompt l
 lognormal matched to the mean and the SLO-percentile prompt, so the TTFT percentile is that of
 wait + own prefill over the length mix, not of either alone.
 
-TPOT: a request's inter-token time averages its steps; the prompts that arrive while it decodes
-(Poisson, a number proportional to its length) each add their prefill time to the steps they
-share with it. So a request's extra time is compound Poisson in its length; short requests,
-which see few prompts but divide them by few tokens, set the high percentiles.
+TPOT: a request's inter-token time averages its steps; the prompts queued behind it during its TTFT
+and those arriving while it decodes (Poisson) each add their prefill time to the steps they share
+with it, and those arriving in another prompt's steps queue behind that one. Short requests, which
+see few prompts but divide them by few tokens, set the high percentiles.
 """
 
 from __future__ import annotations

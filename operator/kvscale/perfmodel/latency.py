@@ -110,7 +110,7 @@ def tpot_quantile_s(decode_s: Array, decode_slope_s: Array, mean_step_s: Array, 
     A request of n intervals with TPOT t lives n·t seconds; other prompts' chunks in its steps add their
     extra step time (`prompt_extra_s`, per prompt stratum on the last axis), and each other request
     decoding beside it adds `decode_slope_s` to every step they share. Three kinds of prompts reach its
-    steps (docs/accuracy.md, "the TPOT tail's sources"):
+    steps (docs/accuracy.md, "The TPOT tail's three kinds of prompts"):
     - queued: those that arrived during its TTFT (`queued_window_s`, the engine's part of it) wait behind
       it; its last prefill step's leftover room takes a part (uniform over a chunk), the rest runs in its
       decode steps, at most n chunks;

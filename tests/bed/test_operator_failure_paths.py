@@ -85,7 +85,9 @@ def test_a_refused_service_write_leaves_the_rest_done_backs_off_and_recovers(
     caplog.set_level(logging.WARNING, logger="kvscale.operator")
     apply_quota(kube, namespace, "no-services", {"services": "0"})
 
-    apply(kube, namespace, load_document(EXAMPLE))
+    # Pinned to TP4: the example's own plan (one TP8 replica) needs a whole free 8-GPU node, which the
+    # other lanes' pods can hold for longer than the rollout wait below (one run of 2026-11-29).
+    apply(kube, namespace, load_document(EXAMPLE, changes={"serving.tensorParallel": 4}))
     refused = wait_condition(kube, namespace, NAME, "WriteFailed", "True")
     message = required_condition(refused, "WriteFailed")["message"]
     assert required_condition(refused, "WriteFailed")["reason"] == "ServiceWriteFailed"

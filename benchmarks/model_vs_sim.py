@@ -23,13 +23,14 @@ import numpy as np
 
 from kvscale.api.spec import LLMDeploymentSpec, load_resource
 from kvscale.cli.simulate_cmd import load_trace
-from kvscale.perfmodel import build_replica_model, estimate_at_rate
+from kvscale.perfmodel import ReplicaModel, RequestShape, build_replica_model, estimate_at_rate
 from kvscale.perfmodel.serving import concurrency_limit
 from kvscale.planner import build_plan_inputs
 from kvscale.planner.search import planned_shape
 from kvscale.sim import build_simulated_deployment
-from kvscale.sim.benchserve import run_open_loop
+from kvscale.sim.benchserve import _log, _replica, run_open_loop
 from kvscale.sim.deployment import SimulatedDeployment
+from kvscale.sim.server import RequestLog
 from kvscale.sim.trace import Trace
 
 DATA = Path(__file__).parent / "data"
@@ -101,7 +102,20 @@ def _deployment(spec: LLMDeploymentSpec) -> SimulatedDeployment:
     return build_simulated_deployment(inputs, server_efficiency=inputs.efficiency)
 
 
-def compare(case: Case, loads: tuple[float, ...]) -> list[Point]:
+@dataclass(frozen=True)
+class PlannedCase:
+    """A case as the planner sees it: the spec stating its trace, the plan's server, shape, model and slots."""
+
+    trace: Trace
+    spec: LLMDeploymentSpec
+    deployment: SimulatedDeployment
+    shape: RequestShape
+    model: ReplicaModel
+    slots: float
+    hit_rate: float
+
+
+def planned_case(case: Case) -> PlannedCase:
     resource = load_resource(DATA / case.spec_file)
     trace = load_trace(case.trace)
     hit_rate = 0.0
@@ -112,19 +126,38 @@ def compare(case: Case, loads: tuple[float, ...]) -> list[Point]:
     spec = described_spec(resource.spec, trace, hit_rate)
     deployment = _deployment(spec)
     shape = planned_shape(spec)
-    model = build_replica_model(deployment.setup)
     slots = float(concurrency_limit(shape, deployment.max_num_seqs, deployment.chosen.kv_cache_tokens))
-    percentile = spec.slo.percentile
+    return PlannedCase(trace, spec, deployment, shape, build_replica_model(deployment.setup), slots, hit_rate)
+
+
+def replayed_log(deployment: SimulatedDeployment, trace: Trace, rate_per_s: float, seed: int) -> RequestLog:
+    """One seeded open-loop run of REQUESTS on one replica, every request's times kept (for the experiments
+    in docs/experiments that look inside a run)."""
+    rng = np.random.default_rng(seed)
+    log = _log(deployment, trace, np.cumsum(rng.exponential(1.0 / rate_per_s, REQUESTS)), rng)
+    replica = _replica(deployment, log)
+    for req, at in enumerate(log.arrival_s.tolist()):
+        replica.advance(at)
+        replica.submit(req, int(log.input_tokens[req]), int(log.output_tokens[req]))
+    while not replica.idle:
+        replica.advance(replica.clock + 1.0)
+    return log
+
+
+def compare(case: Case, loads: tuple[float, ...]) -> list[Point]:
+    planned = planned_case(case)
+    deployment, trace = planned.deployment, planned.trace
+    percentile = planned.spec.slo.percentile
     points = []
     for load in loads:
         rate = load * deployment.chosen.goodput_requests_per_s
         runs = [run_open_loop(deployment, trace, rate, REQUESTS, seed=seed, warmup=WARMUP) for seed in range(SEEDS)]
         ttft_s = np.concatenate([run.ttft_s for run in runs])
         tpot_s = np.concatenate([run.tpot_s for run in runs])
-        promise = estimate_at_rate(model, shape, rate, slots, percentile / 100.0)
+        promise = estimate_at_rate(planned.model, planned.shape, rate, planned.slots, percentile / 100.0)
         points.append(Point(case.name, load, rate, percentile, float(np.percentile(ttft_s, percentile)) * 1e3,
                             float(promise.ttft_quantile_s) * 1e3, float(np.percentile(tpot_s, percentile)) * 1e3,
-                            float(promise.tpot_quantile_s) * 1e3, hit_rate))
+                            float(promise.tpot_quantile_s) * 1e3, planned.hit_rate))
     return points
 
 

@@ -26,11 +26,7 @@ def main() -> None:
     import model_vs_sim as mvs
 
     import kvscale.sim.server as server
-    from kvscale.api.spec import load_resource
-    from kvscale.perfmodel import build_replica_model, estimate_at_rate
-    from kvscale.perfmodel.serving import concurrency_limit
-    from kvscale.planner.search import planned_shape
-    from kvscale.sim.benchserve import _log, _replica
+    from kvscale.perfmodel import estimate_at_rate
 
     parser = argparse.ArgumentParser()
     parser.add_argument("case")
@@ -42,18 +38,10 @@ def main() -> None:
     args = parser.parse_args()
 
     case = next(c for c in mvs.CASES if c.name.startswith(args.case))
-    resource = load_resource(mvs.DATA / case.spec_file)
-    trace = mvs.load_trace(case.trace)
-    hit_rate = 0.0
-    if trace.prefix_group is not None:
-        probe = mvs.run_open_loop(mvs._deployment(resource.spec), trace, mvs.PROBE_RATE_PER_S, 3000, warmup=mvs.WARMUP)
-        hit_rate = probe.prefix_cache_hit_rate
-    spec = mvs.described_spec(resource.spec, trace, hit_rate)
-    deployment = mvs._deployment(spec)
-    shape = planned_shape(spec)
+    planned = mvs.planned_case(case)
+    trace, spec, deployment, shape = planned.trace, planned.spec, planned.deployment, planned.shape
+    model, slots = planned.model, planned.slots
     rate = args.load * deployment.chosen.goodput_requests_per_s
-    model = build_replica_model(deployment.setup)
-    slots = float(concurrency_limit(shape, deployment.max_num_seqs, deployment.chosen.kv_cache_tokens))
     promise = estimate_at_rate(model, shape, rate, slots, spec.slo.percentile / 100.0)
 
     steps: list[tuple[float, float, float, dict[int, int]]] = []  # start, end, extra s, prompt tokens per request
@@ -71,18 +59,11 @@ def main() -> None:
         steps.append((start, self.clock, max(self.clock - start - decode_only, 0.0), took))
 
     server.Replica._step = recorded_step  # decode-only stretches run elsewhere and carry no prompt work
-    rng = np.random.default_rng(args.seed)
-    log = _log(deployment, trace, np.cumsum(rng.exponential(1.0 / rate, mvs.REQUESTS)), rng)
-    replica = _replica(deployment, log)
-    for req, at in enumerate(log.arrival_s.tolist()):
-        replica.advance(at)
-        replica.submit(req, int(log.input_tokens[req]), int(log.output_tokens[req]))
-    while not replica.idle:
-        replica.advance(replica.clock + 1.0)
+    log = mvs.replayed_log(deployment, trace, rate, args.seed)
     server.Replica._step = original_step
 
     arrival, first, finish, outputs = log.arrival_s, log.first_token_s, log.finish_s, log.output_tokens
-    delay = replica.response_delay_s
+    delay = model.setup.efficiency.ttft_overhead_s(model.arch.num_layers)  # the API's share (the replica's)
     starts = np.array([s[0] for s in steps])
     ends = np.array([s[1] for s in steps])
     carries_prompt = np.array([s[2] > 1e-6 for s in steps])
@@ -114,7 +95,7 @@ def main() -> None:
     ttft_mean = float(np.mean([first[i] - arrival[i] for i in chosen]))
     print(f"{case.name} at {args.load:g} of goodput ({rate:.2f} req/s), outputs [{args.low}, {args.high}): "
           f"{len(chosen)} requests, TTFT mean {ttft_mean * 1e3:.0f} ms (rate x TTFT = {rate * ttft_mean:.3f})")
-    overhead_s = replica.response_delay_s
+    overhead_s = delay
     print(f"model: TTFT mean {float(promise.ttft_mean_s) * 1e3:.0f} ms; prompts queued before the first token: "
           f"rate x (TTFT - API overhead) = {rate * (float(promise.ttft_mean_s) - overhead_s):.3f} "
           f"(until 2026-11-29 rate x TTFT / 2 = {rate * float(promise.ttft_mean_s) / 2:.3f})")

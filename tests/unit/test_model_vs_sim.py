@@ -2,11 +2,11 @@
 planner's own efficiency (benchmarks/model_vs_sim.py; docs/accuracy.md has the full table).
 
 The simulator steps a continuous-batching engine request by request, four seeded runs pooled per point
-(one run's p99 moves 5-8% between seeds); the model is closed-form. Over the packaged Azure traces, a
-long-prompt trace and a shared-prefix trace, at half and nine tenths of the planned goodput, every SLO
-percentile agrees within 20%, and the median error of each of TTFT and TPOT is at most 12% (measured
-at these 16 figures, 2026-11-26: see docs/accuracy.md for the full table). Issue 13
-asks for 10% everywhere; the gaps are stated in docs/accuracy.md.
+(one run's p99 moves 5-8% between seeds); the model is closed-form. Issue 13's set, the packaged Azure
+traces and a long-prompt trace, at half and nine tenths of the planned goodput: every SLO percentile
+agrees within 10% (the largest, 2026-11-29: -8%). The shared-prefix trace, outside that set: within 20%
+(its TTFT is over-predicted by 12-18%; docs/accuracy.md says why). The median error of each of TTFT and
+TPOT over all 16 figures is at most 8% (6.5% and 4.0% then).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from benchmarks_loader import load_benchmark
 
 BENCH = load_benchmark("model_vs_sim")
 LOADS = (0.5, 0.9)
+ISSUE_SET = 0.10  # the packaged traces and the long-prompt one
 EVERY_POINT = 0.20
-MEDIAN = 0.12
+MEDIAN = 0.08
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,9 @@ def test_every_case_and_load_is_compared(points: list) -> None:  # type: ignore[
 @pytest.mark.parametrize("metric", ["ttft", "tpot"])
 def test_the_promise_holds_in_the_simulator(points: list, metric: str) -> None:  # type: ignore[type-arg]
     errors = {(p.case, p.load): getattr(p, f"{metric}_error") for p in points}
-    worst = max(errors.items(), key=lambda item: abs(item[1]))
-    assert abs(worst[1]) <= EVERY_POINT, f"{metric} off by {worst[1]:+.0%} at {worst[0]}"
+    for (case, load), error in errors.items():
+        bound = EVERY_POINT if case.startswith("shared prefixes") else ISSUE_SET
+        assert abs(error) <= bound, f"{metric} off by {error:+.0%} at {case}, {load:g} of goodput"
     assert statistics.median(abs(e) for e in errors.values()) <= MEDIAN
 
 

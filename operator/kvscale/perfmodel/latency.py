@@ -17,12 +17,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from kvscale.perfmodel.distributions import (
     BOTH_ENDS_EDGES,
     gamma_sf,
     lognormal_strata_by_scv,
+    normal_sf,
     percentile_strata,
     quantile_by_bisection,
     strata_midpoints,
@@ -104,7 +105,8 @@ def _overlap_moments(residence_s: Array, window_s: Array) -> tuple[Array, Array]
 def tpot_quantile_s(decode_s: Array, decode_slope_s: Array, mean_step_s: Array, full_step_s: Array,
                     prompt_rate: Array, queued_window_s: Array, prompt_extra_s: Array, prompt_weights: Array,
                     mean_output_tokens: float, output_scv: float | None, quantile: float,
-                    output_percentiles: tuple[tuple[float, float], ...] = ()) -> Array:
+                    output_percentiles: tuple[tuple[float, float], ...] = (), batch_sd_s: ArrayLike = 0.0,
+                    batch_relaxation_s: ArrayLike = 1.0) -> Array:
     """The `quantile` of per-request TPOT over output lengths (output_interval_strata).
 
     A request of n intervals with TPOT t lives n·t seconds; other prompts' chunks in its steps add their
@@ -121,6 +123,10 @@ def tpot_quantile_s(decode_s: Array, decode_slope_s: Array, mean_step_s: Array, 
     Late prompts exist only once a queued or early one disturbs the request, so P(TPOT > t) is
     P(a first prompt) x P(S > n·(t - base) | one), S's conditional mean and variance matched by a gamma;
     the decode base is what remains of the mean step without the others.
+    The batch a request finds when it starts decoding varies too (an open loop's, not a closed loop's):
+    its step time has sd `batch_sd_s` and relaxes in `batch_relaxation_s`, so over a life of L seconds
+    the part still there averages (1 - exp(-L/relaxation)) / (L/relaxation) of it; that normal term is
+    added to S. It sets the spread of long requests' TPOT, which prompts barely move.
     """
     intervals, weights = output_interval_strata(mean_output_tokens, output_scv, output_percentiles)
     n = intervals[:, None]  # (lengths, prompts)
@@ -158,6 +164,10 @@ def tpot_quantile_s(decode_s: Array, decode_slope_s: Array, mean_step_s: Array, 
     given_mean = first_count * first_mean / disturbed
     given_var = (first_count * first_second + (first_count * first_mean) ** 2) / disturbed - given_mean**2
 
+    relaxations = residences / np.maximum(np.asarray(batch_relaxation_s, dtype=np.float64), 1e-9)[..., None]
+    still_there = np.where(relaxations > 1e-9, -np.expm1(-relaxations) / np.maximum(relaxations, 1e-9), 1.0)
+    spread = np.asarray(batch_sd_s, dtype=np.float64)[..., None] * intervals * still_there  # (..., lengths)
+
     def survival(t: Array) -> Array:
         tt = t[..., None]
         late_count = rate * intervals * np.maximum(tt - decode, 0.0)
@@ -165,7 +175,10 @@ def tpot_quantile_s(decode_s: Array, decode_slope_s: Array, mean_step_s: Array, 
         x = intervals * (tt - base)
         mean = given_mean + late_count * late_m[0]
         var = np.maximum(given_var + late_count * late_m[1], 1e-18 * np.maximum(mean, 1e-300) ** 2)
-        return np.asarray(np.sum(np.where(x < 0.0, 1.0, disturbed * gamma_sf(x, mean, var)) * weights, axis=-1))
+        undisturbed = np.where(spread > 0.0, normal_sf(x / np.where(spread > 0.0, spread, 1.0)),
+                               np.where(x < 0.0, 1.0, 0.0))
+        disturbed_sf = gamma_sf(x, mean, var + spread**2)
+        return np.asarray(np.sum(((1.0 - disturbed) * undisturbed + disturbed * disturbed_sf) * weights, axis=-1))
 
     ceiling = np.maximum(np.asarray(full_step_s, dtype=np.float64), decode[..., 0]) * 1.1
     return quantile_by_bisection(survival, quantile, np.asarray(decode_s, dtype=np.float64) * 0.5, ceiling)

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kvscale.perfmodel.distributions import lognormal_strata, percentile_strata
-from kvscale.perfmodel.latency import mg1_wait, tpot_quantile_s, ttft_quantile_s
+from kvscale.perfmodel.latency import mg1_wait, output_interval_strata, tpot_quantile_s, ttft_quantile_s
 from kvscale.perfmodel.queueing import mmc_wait_mean_s, mmc_wait_quantile_s
 from kvscale.perfmodel.replica import ReplicaModel
 
@@ -88,12 +88,29 @@ class RequestShape:
 
     @property
     def mean_context_tokens(self) -> float:
-        """Mean cache length of a decoding sequence (halfway through its output)."""
-        return self.input_tokens + self.output_tokens / 2.0
+        """Mean cache length of a decoding sequence over the steps it decodes in: its prompt and the
+        outputs so far. A request of n outputs decodes in n steps, so over a spread of lengths the
+        outputs held average E[n(n - 1)] / 2E[n] = ((1 + SCV) x mean - 1) / 2: a whole mean output for
+        geometric lengths, half of it for fixed ones. The spread counts where it is stated (output
+        percentiles or SCV); a shape known by its means keeps half the mean output."""
+        return self.input_tokens + _decoded_outputs_held(self.output_tokens, self.output_tokens_scv,
+                                                         self.output_percentiles)
 
     @property
     def decode_steps(self) -> float:
         return max(self.output_tokens - 1.0, 0.0)
+
+
+@lru_cache(maxsize=512)
+def _decoded_outputs_held(mean_output_tokens: float, output_scv: float | None,
+                          output_percentiles: tuple[tuple[float, float], ...]) -> float:
+    """Outputs a decoding sequence holds on average over its decode steps (RequestShape.mean_context_tokens)."""
+    if output_scv is None and not output_percentiles:
+        return mean_output_tokens / 2.0
+    intervals, weights = output_interval_strata(mean_output_tokens, output_scv, output_percentiles)
+    lengths = intervals + 1.0
+    scv = float(np.dot(weights, lengths**2) / np.dot(weights, lengths) ** 2) - 1.0
+    return max(((1.0 + scv) * mean_output_tokens - 1.0) / 2.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -135,7 +152,10 @@ def _mean_step(model: ReplicaModel, shape: RequestShape, running: Array,
     """Mean step time with prompts amortised over outputs: (mean, decode, chunk, fraction, chunk size).
 
     Steps carrying prompt work take a whole prompt, or several when prompts arrive faster than one per
-    step, up to the room the token budget leaves.
+    step, up to the room the token budget leaves. A step's time is convex in its prompt tokens (a few
+    hide under the decode's weight reads, many are compute-bound), so over a mix of prompt lengths a
+    prompt adds more than the mean prompt does (a tenth more for exponential lengths of 500 computed
+    tokens beside 60 decodes: `_prompt_mix_excess`).
     """
     room = _chunk_room(model, running)
     computed = shape.computed_input_tokens
@@ -143,8 +163,35 @@ def _mean_step(model: ReplicaModel, shape: RequestShape, running: Array,
     chunk = np.minimum(room, np.maximum(computed, prompt_tokens_per_step))
     decode, chunk_step = _step_times(model, shape, running, chunk)
     fraction = np.clip(prompt_tokens_per_step / chunk, 0.0, 1.0)
-    mean = fraction * chunk_step + (1.0 - fraction) * decode
+    excess = _prompt_mix_excess(model, shape, running, decode, room)
+    # The excess is the mix's spread; a step that carries k prompts' tokens has 1/k of it.
+    prompts_per_step = np.maximum(prompt_tokens_per_step / computed, 1.0)
+    mean = decode + fraction * (chunk_step - decode) * (1.0 + excess / prompts_per_step)
     return mean, decode, chunk_step, fraction, chunk
+
+
+def _prompt_mix_excess(model: ReplicaModel, shape: RequestShape, running: Array, decode_s: Array,
+                       room: Array) -> Array:
+    """How much more a prompt of the length mix adds to the steps it shares, on average, than the mean
+    prompt does (a share; 0 for prompts of one length), each prompt in steps of its own."""
+    weights, _, chunks, own_step = _prompt_strata_steps(model, shape, running, room, np.zeros_like(running))
+    over_mix = np.sum(chunks * (own_step - decode_s[..., None]) * weights, axis=-1)
+    alone = np.minimum(room, shape.computed_input_tokens)
+    _, alone_step = _step_times(model, shape, running, alone)
+    at_mean = np.maximum(1.0, shape.computed_input_tokens / alone) * (alone_step - decode_s)
+    return np.where(at_mean > 0.0, np.maximum(over_mix / np.maximum(at_mean, 1e-300) - 1.0, 0.0), 0.0)
+
+
+def _prompt_strata_steps(model: ReplicaModel, shape: RequestShape, running: Array, room: Array,
+                         prompt_tokens_per_step: Array) -> tuple[Array, Array, Array, Array]:
+    """Per prompt stratum (last axis): (probabilities, computed tokens, steps its chunks take, the time of
+    each). A prompt's chunks are as large as itself or the prompt load per step, within the room."""
+    lengths, weights = prompt_strata(shape)
+    computed = computed_prompt_tokens(shape, lengths)
+    own_chunk = np.minimum(room[..., None], np.maximum(computed, prompt_tokens_per_step[..., None]))
+    own_step = model.step_s(running[..., None], shape.mean_context_tokens, own_chunk,
+                            own_chunk * (lengths - computed / 2.0), own_chunk / computed)
+    return weights, computed, np.maximum(1.0, computed / own_chunk), own_step
 
 
 def _prefill_capacity_rate(model: ReplicaModel, shape: RequestShape, running: Array) -> Array:
@@ -225,32 +272,41 @@ def _steps(model: ReplicaModel, shape: RequestShape, running: Array, quantile: f
     mean, decode, chunk_step, fraction, chunk = _mean_step(model, shape, running)
     room = _chunk_room(model, running)
     _, full_step = _step_times(model, shape, running, room)
-    lengths, weights = prompt_strata(shape)
-    computed = computed_prompt_tokens(shape, lengths)
-    # Each prompt's own chunks: as large as itself or the prompt load per step, within the room.
-    per_step = (running * shape.computed_input_tokens / max(shape.output_tokens, 1.0))[..., None]
-    own_chunk = np.minimum(room[..., None], np.maximum(computed, per_step))
-    own_step = model.step_s(running[..., None], shape.mean_context_tokens, own_chunk,
-                            own_chunk * (lengths - computed / 2.0), own_chunk / computed)
-    own = np.maximum(1.0, computed / own_chunk) * own_step
+    per_step = running * shape.computed_input_tokens / max(shape.output_tokens, 1.0)
+    weights, computed, chunks, own_step = _prompt_strata_steps(model, shape, running, room, per_step)
     return _Steps(running=running, mean_s=mean, decode_s=decode, chunk_s=chunk_step, fraction=fraction,
-                  chunk_tokens=chunk, own_prefill_s=own, queue_s_per_token=full_step / room, full_step_s=full_step,
-                  decode_slope_s=model.step_s(running + 1.0, shape.mean_context_tokens) - decode,
-                  computed_tokens=computed, weights=weights,
-                  prompt_extra_s=np.maximum(1.0, computed / own_chunk) * (own_step - decode[..., None]))
+                  chunk_tokens=chunk, own_prefill_s=chunks * own_step, queue_s_per_token=full_step / room,
+                  full_step_s=full_step, decode_slope_s=model.step_s(running + 1.0, shape.mean_context_tokens) - decode,
+                  computed_tokens=computed, weights=weights, prompt_extra_s=chunks * (own_step - decode[..., None]))
 
 
 def _tpot(steps: _Steps, others_rate: Array, ttft_mean_s: Array, shape: RequestShape, quantile: float,
-          overhead_s: float) -> tuple[Array, Array]:
+          overhead_s: float, batch_sd_s: ArrayLike = 0.0, batch_relaxation_s: ArrayLike = 1.0,
+          ) -> tuple[Array, Array]:
     """(mean, quantile) TPOT of a request while other requests' prompts arrive at `others_rate`. The
     prompts that arrived during the engine's part of its TTFT (the API's `overhead_s` aside) queue behind
-    it and run mostly in its decode steps (kvscale.perfmodel.latency.tpot_quantile_s)."""
+    it and run mostly in its decode steps (kvscale.perfmodel.latency.tpot_quantile_s); the batch it finds
+    varies by `batch_sd_s` of step time (an open loop's: `_batch_fluctuation`)."""
     extra_mean = np.sum(steps.prompt_extra_s * steps.weights, axis=-1)
     queued_window = np.maximum(np.where(np.isfinite(ttft_mean_s), ttft_mean_s, 0.0) - overhead_s, 0.0)
     mean = steps.decode_s + others_rate * steps.mean_s * extra_mean
     return mean, tpot_quantile_s(steps.decode_s, steps.decode_slope_s, steps.mean_s, steps.full_step_s, others_rate,
                                  queued_window, steps.prompt_extra_s, steps.weights, shape.output_tokens,
-                                 shape.output_tokens_scv, quantile, shape.output_percentiles)
+                                 shape.output_tokens_scv, quantile, shape.output_percentiles, batch_sd_s,
+                                 batch_relaxation_s)
+
+
+def _batch_fluctuation(steps: _Steps, shape: RequestShape, slots: Array) -> tuple[Array, Array]:
+    """(sd of the decode step time the running batch sets, how fast it relaxes in seconds) under Poisson
+    arrivals. The batch is Poisson about its mean (Little's law; infinite-server) and widened by its
+    feedback on itself: a larger batch makes slower steps, which keep every sequence longer. With kappa the
+    batch's share of a decode step (slope x running / step), a birth-death process linearised about its mean
+    has variance running / (1 - kappa) and relaxes in a life / (1 - kappa). The batch cannot grow past its
+    slots (arrivals beyond them wait for a slot instead), so its spread stops there."""
+    kappa = np.clip(steps.decode_slope_s * steps.running / np.maximum(steps.decode_s, 1e-12), 0.0, 0.9)
+    spread_seqs = np.minimum(np.sqrt(steps.running / (1.0 - kappa)), np.maximum(slots - steps.running, 0.0))
+    life_s = shape.decode_steps * steps.mean_s + steps.own_prefill_mean_s
+    return steps.decode_slope_s * spread_seqs, life_s / (1.0 - kappa)
 
 
 def _ttft_overhead_s(model: ReplicaModel) -> float:
@@ -513,7 +569,9 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     wait = wait + busy * shift
     ttft_mean = np.where(stable, steps.own_prefill_mean_s + wait + alignment + slot_wait_mean, np.inf)
     served = np.minimum(rate, full_rate)
-    tpot_mean, tpot_q = _tpot(steps, served, ttft_mean, shape, quantile, _ttft_overhead_s(model))
+    batch_sd, batch_relaxation = _batch_fluctuation(steps, shape, cap)
+    tpot_mean, tpot_q = _tpot(steps, served, ttft_mean, shape, quantile, _ttft_overhead_s(model), batch_sd,
+                              batch_relaxation)
     return LoadEstimate(
         running_seqs=running,
         request_rate=served,

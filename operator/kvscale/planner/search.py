@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from kvscale.api.spec import Engine, LLMDeploymentSpec, Precision
 from kvscale.catalog import GpuSpec, ModelArchitecture, find_gpu, resolve_architecture
@@ -148,6 +149,19 @@ def _reject(gpu: GpuSpec, tp: int, reason: str, weights: float = 0.0, pp: int = 
 
 # How sure the cap must be that the running sequences' KV fits: 99% (a collapse is not a tail).
 KV_FIT_QUANTILE = 0.99
+# Batch caps whose goodput is within this share of the best are ties. Past the batch an SLO allows, the
+# goodput is flat in the cap, and what is left is the model's own ripple (0.1-0.3%) and the KV capacity
+# each cap leaves, not a reason to pick one cap over another.
+GOODPUT_TIE_TOLERANCE = 0.005
+
+
+def _batch_cap_choice(batches: list[int], goodput_requests_per_s: ArrayLike) -> int:
+    """Index of the batch cap to plan: the smallest one within GOODPUT_TIE_TOLERANCE of the best goodput
+    (less memory pressure, and a burst beyond it waits for a slot instead of slowing every decode)."""
+    rates = np.asarray(goodput_requests_per_s, dtype=np.float64)
+    best = float(np.max(rates))
+    tied = [i for i in range(len(batches)) if rates[i] >= best * (1.0 - GOODPUT_TIE_TOLERANCE)]
+    return min(tied, key=lambda i: batches[i])
 
 
 def sequences_the_cache_holds(shape: RequestShape, kv_cache_tokens: float) -> int:
@@ -233,9 +247,7 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 
     best_tpot_ms = s_to_ms(float(np.min(trickle.tpot_quantile_s)))
     best_ttft_ms = s_to_ms(float(np.min(trickle.ttft_quantile_s)))
 
-    # Largest goodput wins; on ties the smaller batch cap (less memory pressure, lower tail latency).
-    order = sorted(range(len(batches)), key=lambda i: (-round(float(goodput.request_rate[i]), 9), batches[i]))
-    i = order[0]
+    i = _batch_cap_choice(batches, goodput.request_rate)
     curve = _curve(model, shape, setup, int(np.max(slots)))
     rate = float(goodput.request_rate[i])
     if rate <= 0.0:

@@ -54,7 +54,7 @@ def test_a_multi_node_deployment_scales_whole_groups_under_replayed_load(stack: 
     apply(stack.kube, stack.namespace, load_document(EXAMPLE_405B, name=name, changes={
         "workload.requestsPerSecond": 0.5, "workload.inputTokens": 1155, "workload.outputTokens": 211,
         "scaling.mode": "Auto", "scaling.minReplicas": 1, "scaling.maxReplicas": 2,
-        "scaling.scaleDownStabilizationSeconds": 30}))
+        "scaling.scaleDownStabilizationSeconds": 30, "scaling.statedLoadFloorSeconds": 0}))
     wait_until(lambda: groups(stack, name) == (1, 1), 120, "one Ready group")
     for endpoint in stack.sims.wait_for(name, 1, timeout=90, namespace=stack.namespace):
         stack.prometheus.wait_for_target_up(endpoint, timeout=30)

@@ -40,6 +40,7 @@ from kvscale.perfmodel import (
     estimate_at_rate,
 )
 from kvscale.planner import build_plan_inputs, plan_deployment
+from kvscale.planner.search import planned_shape
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-3.1-70b-h100.yaml"
 NOW = 1_000_000.0
@@ -177,6 +178,40 @@ def test_no_scale_down_right_after_a_restart() -> None:
     context = _context(current=8, scale_down_stabilization_seconds=300)
     decision = decide(_load(0.1), context, ScalingHistory(), NOW)  # empty history: the operator just started
     assert decision.desired_replicas == 8
+
+
+def _stated_for(context: ReplicaContext, replicas_worth: float) -> ReplicaContext:
+    """`context` with a stated workload of `replicas_worth` replicas' goodput (at the stated shape, with headroom)."""
+    goodput = replica_goodput(context, planned_shape(context.spec))
+    rate = replicas_worth * goodput / (1.0 + context.spec.scaling.headroom)
+    workload = context.spec.workload.model_copy(update={"requests_per_second": rate})
+    return replace(context, spec=context.spec.model_copy(update={"workload": workload}))
+
+
+def test_the_stated_workload_floors_scale_down_until_an_hour_of_history_shows_the_load() -> None:
+    # A deployment's first minutes show its load between peaks, not its peaks: sized on them, the 4-min
+    # surges' fleet met the first surge a start-up short. Until the arrivals history covers
+    # statedLoadFloorSeconds, the fleet planned for the stated workload stays; after, the observed load rules.
+    context = _stated_for(_context(current=8, scale_down_stabilization_seconds=0, scale_down_period_seconds=0), 6.5)
+    fresh = decide(_load(0.5), context, ScalingHistory(), NOW)
+    assert fresh.desired_replicas == 7 and fresh.action == "scale-down"  # the quarter-step alone would give 6
+    assert "the stated workload" in fresh.reason and "keeps 7 replica(s) until the arrivals history covers 3600 s" \
+        in fresh.reason
+    floored = decide(_load(0.5), replace(context, current_replicas=7, ready_replicas=7), fresh.history, NOW + 30)
+    assert floored.desired_replicas == 7 and floored.binding == "stated-load"
+    # Nearly an hour of minutes still floors; a whole hour, as a restarted operator reads it back from
+    # Prometheus, does not.
+    minutes = [(NOW - 3600.0 + BUCKET_S * i, 0.5) for i in range(61)]
+    almost = ScalingHistory(forecasts=forecasts_from(minutes[2:]))
+    assert decide(_load(0.5), context, almost, NOW).desired_replicas == 7
+    seen = ScalingHistory(forecasts=forecasts_from(minutes))
+    assert decide(_load(0.5), context, seen, NOW).desired_replicas == 6
+    # 0 trusts the observed load from the start; and the floor never scales up.
+    untrusted = replace(context, spec=context.spec.model_copy(update={
+        "scaling": context.spec.scaling.model_copy(update={"stated_load_floor_seconds": 0})}))
+    assert decide(_load(0.5), untrusted, ScalingHistory(), NOW).desired_replicas == 6
+    small = replace(context, current_replicas=2, ready_replicas=2)
+    assert decide(_load(0.5), small, ScalingHistory(), NOW).desired_replicas == 2
 
 
 def test_observed_breach_adds_replicas_even_when_demand_looks_fine() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from kvscale.api.spec import load_resource
 from kvscale.autoscaler import (
@@ -212,6 +213,12 @@ def test_the_stated_workload_floors_scale_down_until_an_hour_of_history_shows_th
     assert decide(_load(0.5), untrusted, ScalingHistory(), NOW).desired_replicas == 6
     small = replace(context, current_replicas=2, ready_replicas=2)
     assert decide(_load(0.5), small, ScalingHistory(), NOW).desired_replicas == 2
+    # The history keeps a day of minutes: a longer window would never lift, so the schema refuses it.
+    kept = ScalingHistory(forecasts=forecasts_from(
+        (NOW - 2 * 86_400.0 + BUCKET_S * i, 0.5) for i in range(2 * 1_440 + 1))).forecasts.day
+    assert len(kept) * BUCKET_S == 86_400.0
+    with pytest.raises(ValidationError, match=r"statedLoadFloorSeconds|stated_load_floor_seconds"):
+        type(context.spec.scaling).model_validate({"statedLoadFloorSeconds": 86_401})
 
 
 def test_observed_breach_adds_replicas_even_when_demand_looks_fine() -> None:

@@ -308,12 +308,14 @@ class ScalingSection(ApiModel):
                    "fleet a burst raised leaves over minutes once the window lets it, so a burst that returns "
                    "soon after still finds part of it. 0: a step at every decision.")
     ] = 120
+    # At most a day: the policy keeps a day of per-minute arrivals (kvscale.autoscaler.forecast), so a longer
+    # window would never be covered and the floor would never lift.
     stated_load_floor_seconds: Annotated[
-        int, Field(ge=0, le=7 * 86_400, description="Until the arrivals history (per-minute, read back from "
-                   "Prometheus after a restart) covers this many seconds, scale down no lower than the replicas "
-                   "planned for the stated workload (its peak where stated, else its mean): the statement is the "
-                   "only evidence of the peaks that history has not shown yet. 0: trust the observed load from "
-                   "the start.")
+        int, Field(ge=0, le=86_400, description="Until the arrivals history (per-minute, read back from "
+                   "Prometheus after a restart) covers this many seconds (at most a day, the history kept), scale "
+                   "down no lower than the replicas planned for the stated workload (its peak where stated, else "
+                   "its mean): the statement is the only evidence of the peaks that history has not shown yet. "
+                   "0: trust the observed load from the start.")
     ] = 3_600
     forecaster: Annotated[
         ForecastMode,

@@ -221,6 +221,32 @@ def test_the_stated_workload_floors_scale_down_until_an_hour_of_history_shows_th
         type(context.spec.scaling).model_validate({"statedLoadFloorSeconds": 86_401})
 
 
+def test_a_peak_seen_before_the_hour_is_covered_floors_scale_down_as_the_stated_load_does() -> None:
+    # One peak is not yet a pattern: the 4-min surges' fleet fell back to the stated plan between the first
+    # surge and the second, which met it a start-up short. Until the history covers statedLoadFloorSeconds,
+    # the busiest minute so far, beyond its Poisson noise, floors the scale-down where it is busier than stated.
+    context = _stated_for(_context(current=10, scale_down_stabilization_seconds=0, scale_down_period_seconds=0), 6.5)
+    per_replica = replica_goodput(context, planned_shape(context.spec)) / (1.0 + context.spec.scaling.headroom)
+    stated = context.spec.workload.requests_per_second
+
+    def with_busiest(rate: float, minutes: int = 21) -> ScalingHistory:
+        quiet = [(NOW - BUCKET_S * (minutes - 1) + BUCKET_S * i, 0.5) for i in range(minutes)]
+        return ScalingHistory(forecasts=forecasts_from([*quiet[:10], (quiet[10][0], rate), *quiet[11:]]))
+
+    # A steady load's busiest minute sits some sigmas above its mean, and is no peak: the stated plan (7) binds,
+    # and the quarter-step (10 -> 8) goes no lower.
+    noisy = decide(_load(0.5), context, with_busiest(stated + 1.5 * math.sqrt(stated / BUCKET_S)), NOW)
+    assert noisy.desired_replicas == 8 and "the stated workload" in noisy.reason
+    # A peak of 8.6 replicas' worth beyond its noise keeps 9 (the stated plan alone would let 8).
+    peak = 8.6 * per_replica
+    peaked = decide(_load(0.5), context, with_busiest(peak + 2.0 * math.sqrt(peak / BUCKET_S)), NOW)
+    assert peaked.desired_replicas == 9
+    assert "the busiest minute so far" in peaked.reason and "keeps 9 replica(s)" in peaked.reason
+    # Once the history covers the hour, neither floors: the observed load and the pattern rules decide.
+    covered = decide(_load(0.5), context, with_busiest(peak + 2.0 * math.sqrt(peak / BUCKET_S), 61), NOW)
+    assert covered.desired_replicas == 8 and "busiest minute" not in covered.reason
+
+
 def test_observed_breach_adds_replicas_even_when_demand_looks_fine() -> None:
     context = _context(current=3)
     decision = decide(_load(0.5, ttft_s=2.5), context, ScalingHistory(), NOW)  # SLO TTFT 1000 ms
@@ -889,6 +915,9 @@ def test_a_short_recurring_peak_meets_the_standing_fleet_and_starts_no_replica_t
 
 def test_a_standing_fleet_leaves_through_the_scale_down_window_when_its_pattern_lapses() -> None:
     context, goodput, peaks, pattern = _five_replicas_and_short_peaks()
+    # Past the first hour's floor (its peaks seen would hold the fleet): the lapse alone is under test.
+    context = replace(context, spec=context.spec.model_copy(update={
+        "scaling": context.spec.scaling.model_copy(update={"stated_load_floor_seconds": 0})}))
     served = replace(_served(peaks, (pattern.peaks[-2], 5, 0.9), (pattern.peaks[-1], 5, 0.9)), started_at_s=NOW)
 
     # The peaks stop coming, at a calm load that one or two replicas serve: decisions every 30 s, the fleet

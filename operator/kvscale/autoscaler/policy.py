@@ -699,14 +699,18 @@ def _pattern_floor(context: ReplicaContext, history: ScalingHistory, pattern: Pe
                       "req/s per replica")
 
 
-def _stated_load_floor(context: ReplicaContext, history: ScalingHistory,
+def _stated_load_floor(context: ReplicaContext, history: ScalingHistory, pattern: PeakPattern | None,
                        model: ReplicaModel) -> tuple[int, str] | None:
     """(replicas, why) below which no scale-down goes while the arrivals history is shorter than
-    spec.scaling.statedLoadFloorSeconds: the replicas planned for the stated workload, at the stated shape and
-    the calibrated goodput. A deployment's first minutes show its load between peaks, not its peaks; sized
-    on them, the fleet meets the first peak a start-up short (the 4-min surges: 1,556 of 12,915 requests
-    missed their SLOs before the first surge's replicas were Ready). None once the history covers the window
-    (after a restart too: the history is read back from Prometheus) or where nothing is stated."""
+    spec.scaling.statedLoadFloorSeconds: the replicas planned for the stated workload, or for the busiest minute
+    seen so far beyond its Poisson noise where that is busier, at the stated shape and the calibrated goodput.
+    A deployment's first minutes show its load between peaks, not its peaks; sized on them, the fleet meets
+    the first peak a start-up short (the 4-min surges: 1,556 of 12,915 requests missed their SLOs before the
+    first surge's replicas were Ready). A peak seen states the load as much: one peak is not yet a pattern
+    (PATTERN_MIN_PEAKS), and without it the fleet fell back between the first peak and the second, which then
+    met it a start-up short; once a `pattern` shows, its rules size the fleet for the peaks, and only the
+    statement floors. None once the history covers the window (after a restart too: the history is
+    read back from Prometheus) or where nothing is stated."""
     spec = context.spec
     trusted_s = spec.scaling.stated_load_floor_seconds
     stated_rps = spec.workload.planned_requests_per_second
@@ -716,11 +720,18 @@ def _stated_load_floor(context: ReplicaContext, history: ScalingHistory,
     goodput = replica_goodput(context, planned_shape(spec), model)
     if goodput <= 0.0:
         return None
-    replicas = min(math.ceil(stated_rps * (1.0 + spec.scaling.headroom) / goodput - 1e-9),
+    # A minute's rate less its Poisson noise (as peak_pattern's threshold): a steady load's busiest minute of
+    # an hour is some two sigmas above its mean, and no peak.
+    peak_rps = 0.0 if pattern is not None else max(
+        (rate - POISSON_PEAK_SIGMAS * math.sqrt(max(rate, 0.0) / BUCKET_S) for rate in history.forecasts.day),
+        default=0.0)
+    floor_rps = max(stated_rps, peak_rps)
+    replicas = min(math.ceil(floor_rps * (1.0 + spec.scaling.headroom) / goodput - 1e-9),
                    spec.scaling.max_replicas)
-    return replicas, (f"the stated workload ({stated_rps:g} req/s at {goodput:.2f} req/s per replica) keeps "
-                      f"{replicas} replica(s) until the arrivals history covers {trusted_s} s (it covers "
-                      f"{seen_s:.0f} s)")
+    load = (f"the stated workload ({stated_rps:g} req/s" if floor_rps == stated_rps else
+            f"the busiest minute so far ({peak_rps:.2f} req/s beyond its noise, above the stated {stated_rps:g}")
+    return replicas, (f"{load} at {goodput:.2f} req/s per replica) keeps {replicas} replica(s) until the arrivals "
+                      f"history covers {trusted_s} s (it covers {seen_s:.0f} s)")
 
 
 def decide(observation: Observation | None, context: ReplicaContext, history: ScalingHistory,
@@ -797,7 +808,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
             if standing is not None and standing[0] > desired:
                 desired, patterned = min(current, standing[0]), True
                 reasons.append(standing[1])
-            stated = _stated_load_floor(context, history, model)
+            stated = _stated_load_floor(context, history, pattern, model)
             if stated is not None and stated[0] > desired:
                 desired, held_for_statement = min(current, stated[0]), True
                 reasons.append(stated[1])

@@ -49,6 +49,24 @@ def test_the_schedule_line_needs_99_percent_within_its_cost_limit() -> None:
     assert len(bench.goal_lines(case, _figures(0.9990, 12.43), static, (0.985, 8.0))) == 1
 
 
+def test_both_lines_together_are_judged_by_the_hindsight_schedules_at_static_peaks_attainment() -> None:
+    bench = load_benchmark("autoscaling")
+    static, schedule = _figures(0.9994, 12.70), (0.9979, 8.65)
+    # Within 0.1 pp of static-peak at 9.50 GPU-h: under both 1.15 x 8.65 = 9.95 and 0.8 x 12.70 = 10.16.
+    reach, text = bench.joint_reach(schedule, static, (0.9984, 9.50), (0.9994, 11.50), 8)
+    assert reach and text.startswith("both lines together within reach")
+    assert "it needs 9.50 GPU-h = 1.10x the 99% schedule's and 0.75x static-peak's" in text
+    # 10.00 is under 0.8x static-peak's but over 1.15x the schedule's, and 11.50 at static-peak's own
+    # attainment is over it too: no schedule meets both lines.
+    reach, text = bench.joint_reach(schedule, static, (0.9984, 10.00), (0.9994, 11.50), 8)
+    assert not reach and text.startswith("both lines together beyond reach")
+    # At least static-peak's attainment needs no 0.8x: within 1.15x the schedule's suffices.
+    assert bench.joint_reach(schedule, static, (0.9984, 10.00), (0.9994, 9.90), 8)[0]
+    # A target no schedule of the largest fleet reaches says so, and is not within reach.
+    reach, text = bench.joint_reach(schedule, static, None, None, 8)
+    assert not reach and "no schedule of up to 8 replicas reaches static-peak's less 0.1 pp" in text
+
+
 def _arrivals(per_minute: list[int]) -> np.ndarray:
     """Arrival times (s), each minute's requests spread evenly over it."""
     return np.concatenate([60.0 * minute + np.arange(n) * 60.0 / n for minute, n in enumerate(per_minute) if n])

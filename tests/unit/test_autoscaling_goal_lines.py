@@ -55,7 +55,7 @@ def test_both_lines_together_are_judged_by_the_hindsight_schedules_at_static_pea
     # Within 0.1 pp of static-peak at 9.50 GPU-h: under both 1.15 x 8.65 = 9.95 and 0.8 x 12.70 = 10.16.
     reach, text = bench.joint_reach(schedule, static, (0.9984, 9.50), (0.9994, 11.50), 8)
     assert reach and text.startswith("both lines together within reach")
-    assert "it needs 9.50 GPU-h = 1.10x the 99% schedule's and 0.75x static-peak's" in text
+    assert "aimed at 99.84% it reaches 99.84% at 9.50 GPU-h = 1.10x the 99% schedule's and 0.75x static-peak's" in text
     # 10.00 is under 0.8x static-peak's but over 1.15x the schedule's, and 11.50 at static-peak's own
     # attainment is over it too: no schedule meets both lines.
     reach, text = bench.joint_reach(schedule, static, (0.9984, 10.00), (0.9994, 11.50), 8)
@@ -64,7 +64,9 @@ def test_both_lines_together_are_judged_by_the_hindsight_schedules_at_static_pea
     assert bench.joint_reach(schedule, static, (0.9984, 10.00), (0.9994, 9.90), 8)[0]
     # A target no schedule of the largest fleet reaches says so, and is not within reach.
     reach, text = bench.joint_reach(schedule, static, None, None, 8)
-    assert not reach and "no schedule of up to 8 replicas reaches static-peak's less 0.1 pp" in text
+    assert not reach and "no schedule of up to 8 replicas reaches 99.84%" in text
+    # Where static-peak holds less than 99%, the schedule line's 99% is the target of both.
+    assert bench.joint_targets(_figures(0.9461, 41.67)) == (0.99, 0.99)
 
 
 def _arrivals(per_minute: list[int]) -> np.ndarray:

@@ -913,6 +913,17 @@ def test_a_short_recurring_peak_meets_the_standing_fleet_and_starts_no_replica_t
     assert outlasting.desired_replicas > 5 and outlasting.binding != "pattern"
 
 
+def test_once_peaks_recur_the_first_hours_floor_is_the_statement_alone() -> None:
+    # Within the first hour, but two peaks make a pattern: its rules size the fleet for the peaks (here 5 stand,
+    # learned from peaks 5 held), and the busiest minute (8x the goodput) no longer floors the scale-down.
+    context, goodput, peaks, pattern = _five_replicas_and_short_peaks()
+    served = replace(_served(peaks, (pattern.peaks[-2], 5, 0.9), (pattern.peaks[-1], 5, 0.9)), started_at_s=NOW)
+    assert len(served.forecasts.day) * BUCKET_S < context.spec.scaling.stated_load_floor_seconds
+    at_s = NOW + 1500.0
+    calm = decide(_load(goodput, at=at_s), replace(context, current_replicas=8, ready_replicas=8), served, at_s)
+    assert calm.desired_replicas == 6 and "busiest minute" not in calm.reason  # the quarter-step, 8 -> 6
+
+
 def test_a_standing_fleet_leaves_through_the_scale_down_window_when_its_pattern_lapses() -> None:
     context, goodput, peaks, pattern = _five_replicas_and_short_peaks()
     # Past the first hour's floor (its peaks seen would hold the fleet): the lapse alone is under test.

@@ -13,7 +13,8 @@ from benchmarks_loader import load_benchmark
 
 
 def _figures(attainment: float, gpu_hours: float) -> dict[str, float]:
-    return {"slo_attainment": attainment, "gpu_hours": gpu_hours}
+    # The lines judge GPU-hours over the trace's span; the whole run's, tail included, is more.
+    return {"slo_attainment": attainment, "trace_gpu_hours": gpu_hours, "gpu_hours": 1.1 * gpu_hours}
 
 
 def test_the_swing_line_needs_the_saving_at_equal_attainment_and_states_the_hindsight_bound() -> None:

@@ -69,6 +69,10 @@ def test_one_server_at_a_trickle_matches_the_model(deployment: SimulatedDeployme
         assert m[key] == pytest.approx(decode_ms, rel=0.02)
     assert m["slo_attainment"] == 1.0 and result.met_slo.shape == (20,) and result.met_slo.all()
     assert m["gpu_hours"] == pytest.approx(deployment.tensor_parallel * m["simulated_s"] / 3600, rel=1e-3)
+    # Over the trace's span alone: the tail simulated for requests in flight is not billed there.
+    assert m["simulated_s"] > m["duration_s"]
+    assert m["trace_gpu_hours"] == pytest.approx(deployment.tensor_parallel * m["duration_s"] / 3600, rel=1e-3)
+    assert m["trace_mean_replicas"] == pytest.approx(1.0, rel=1e-3)
 
 
 def test_overload_grows_the_queue_and_ttft_without_bound(deployment: SimulatedDeployment) -> None:

@@ -56,7 +56,8 @@ def _efficiency(e: EfficiencyFactors) -> dict[str, float]:
 
 
 def summarize(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPolicy, log: RequestLog,
-              timeline: list[TimelinePoint], *, gpu_s: float, busy_replica_s: float, simulated_s: float,
+              timeline: list[TimelinePoint], *, gpu_s: float, trace_gpu_s: float, busy_replica_s: float,
+              simulated_s: float,
               replicas_created: int, server_form: str = "") -> SimulationResult:
     slo = deployment.spec.slo
     n = trace.requests
@@ -97,11 +98,14 @@ def summarize(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPoli
         "slo_percentile_ttft_ms": _pct(ttft_done, slo.percentile),
         "slo_percentile_tpot_ms": _pct(tpot_done, slo.percentile),
         "gpu_hours": round(gpu_hours, 4),
+        # Over the trace's span alone, without the tail simulated for requests in flight to finish.
+        "trace_gpu_hours": round(trace_gpu_s / S_PER_HOUR, 4),
         "usd_per_gpu_hour": deployment.usd_per_gpu_hour,
         "cost": round(cost, 4),
         "tokens_per_dollar": round(good_tokens / cost, 1) if cost > 0 else None,
         "max_replicas": max((p.desired_replicas for p in timeline), default=0),
         "mean_replicas": round(gpu_s / deployment.gpus_per_replica / simulated_s, 3) if simulated_s else 0.0,
+        "trace_mean_replicas": round(trace_gpu_s / deployment.gpus_per_replica / duration, 3) if duration else 0.0,
         "max_paid_replicas": max(paid, default=0),
         "replicas_started": replicas_created,
         "replica_utilisation": round(busy_replica_s / (gpu_s / deployment.gpus_per_replica), 4) if gpu_s else None,

@@ -28,7 +28,7 @@ from kvscale.perfmodel.serving import concurrency_limit
 from kvscale.planner import build_plan_inputs
 from kvscale.planner.search import planned_shape
 from kvscale.sim import build_simulated_deployment
-from kvscale.sim.benchserve import _log, _replica, run_open_loop
+from kvscale.sim.benchserve import replay_open_loop, run_open_loop
 from kvscale.sim.deployment import SimulatedDeployment
 from kvscale.sim.server import RequestLog
 from kvscale.sim.trace import Trace
@@ -133,15 +133,7 @@ def planned_case(case: Case) -> PlannedCase:
 def replayed_log(deployment: SimulatedDeployment, trace: Trace, rate_per_s: float, seed: int) -> RequestLog:
     """One seeded open-loop run of REQUESTS on one replica, every request's times kept (for the experiments
     in docs/experiments that look inside a run)."""
-    rng = np.random.default_rng(seed)
-    log = _log(deployment, trace, np.cumsum(rng.exponential(1.0 / rate_per_s, REQUESTS)), rng)
-    replica = _replica(deployment, log)
-    for req, at in enumerate(log.arrival_s.tolist()):
-        replica.advance(at)
-        replica.submit(req, int(log.input_tokens[req]), int(log.output_tokens[req]))
-    while not replica.idle:
-        replica.advance(replica.clock + 1.0)
-    return log
+    return replay_open_loop(deployment, trace, rate_per_s, REQUESTS, seed)
 
 
 def compare(case: Case, loads: tuple[float, ...]) -> list[Point]:

@@ -78,9 +78,10 @@ def _result(log: RequestLog, warmup: int) -> BenchRun:
                     prefix_cache_hit_rate=hit_rate)
 
 
-def run_open_loop(deployment: SimulatedDeployment, trace: Trace, rate: float, count: int, seed: int = 0,
-                  warmup: int = 0) -> BenchRun:
-    """Poisson arrivals at `rate` requests/s (`vllm bench serve --request-rate`)."""
+def replay_open_loop(deployment: SimulatedDeployment, trace: Trace, rate: float, count: int,
+                     seed: int = 0) -> RequestLog:
+    """`count` Poisson arrivals at `rate` requests/s on one replica until it is idle, every request's times
+    kept (run_open_loop's run; the experiments in docs/experiments look inside it)."""
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, count)
     log = _log(deployment, trace, np.cumsum(gaps), rng)
@@ -91,7 +92,13 @@ def run_open_loop(deployment: SimulatedDeployment, trace: Trace, rate: float, co
         replica.submit(req, int(inputs[req]), int(outputs[req]))
     while not replica.idle:
         replica.advance(replica.clock + 1.0)
-    return _result(log, warmup)
+    return log
+
+
+def run_open_loop(deployment: SimulatedDeployment, trace: Trace, rate: float, count: int, seed: int = 0,
+                  warmup: int = 0) -> BenchRun:
+    """Poisson arrivals at `rate` requests/s (`vllm bench serve --request-rate`)."""
+    return _result(replay_open_loop(deployment, trace, rate, count, seed), warmup)
 
 
 def run_closed_loop(deployment: SimulatedDeployment, trace: Trace, concurrency: int, count: int, seed: int = 0,

@@ -339,16 +339,14 @@ class PodSim:
         return self._nodes[node_name]
 
     def sync_once(self) -> None:
-        """One pass: start simulators for new Running pods, drain those whose pod went away."""
+        """One pass: start simulators for new Running pods, then drain those whose pod went away. In that order:
+        where one pass sees both (a Deployment replaced once its successor's pods are Ready), the new pods
+        serve before the old ones leave endpoints(), as a Service's endpoints gain the Ready pods before the
+        terminating ones go; drained first, a load generator found no endpoint while the new ones spawned."""
         pods = self._running_pods()
         now = time.monotonic()
         with self._lock:
             known = set(self._sims)
-            for uid, sim in self._sims.items():
-                if uid not in pods and sim.draining_since is None:
-                    sim.draining_since = now  # out of endpoints() from now on
-                    log.info("pod %s/%s is gone or not Running: draining %s", sim.namespace, sim.pod, sim.host_port)
-            draining = [s for s in self._sims.values() if s.draining_since is not None]
         for uid, pod in pods.items():
             if uid in known or now - self._failed.get(uid, -math.inf) < 5:
                 continue
@@ -360,6 +358,13 @@ class PodSim:
                 continue
             with self._lock:
                 self._sims[uid] = started
+        now = time.monotonic()
+        with self._lock:
+            for uid, sim in self._sims.items():
+                if uid not in pods and sim.draining_since is None:
+                    sim.draining_since = now  # out of endpoints() from now on
+                    log.info("pod %s/%s is gone or not Running: draining %s", sim.namespace, sim.pod, sim.host_port)
+            draining = [s for s in self._sims.values() if s.draining_since is not None]
         for sim in draining:
             assert sim.draining_since is not None
             if not sim.drains or busy_requests(sim.sim) == 0 or now - sim.draining_since >= sim.grace_s:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from bedctl import BedProcess, BedUnavailableError, binary, prometheus_ready
-from bedkit import Kube, Prometheus, bed_required, free_port, wait_until
+from bedkit import InferenceSim, Kube, Prometheus, bed_required, free_port, wait_until
 from e2ekit import apply, deployment_replicas, running_pods
 from loadgen import LoadGenerator, find_trace, rate_scale_for, read_trace, replay_schedule
 from operator_harness import install_crd, load_document, running_operator
-from podsim import PodSim, target_name
+from podsim import PodSim, PodSimulator, target_name
 
 from kvscale.api.spec import load_resource
 from kvscale.planner import build_plan_inputs, plan_deployment
@@ -178,3 +179,53 @@ def test_prometheus_restart_helper_restarts_identically(tmp_path: Path) -> None:
     finally:
         if prom.pid() is not None:
             prom.stop()
+
+
+class _Process:
+    """A simulator process that serves nothing: enough for PodSim's bookkeeping."""
+
+    def __init__(self, host_port: str) -> None:
+        self.host_port = host_port
+        self.stopped = False
+
+    def metrics_text(self) -> str:
+        return ""  # no request running or waiting
+
+    def stop(self, cut: bool = False) -> None:
+        self.stopped = True
+
+
+class _Targets:
+    def add_target(self, *args: object) -> None:
+        pass
+
+    def remove_target(self, *args: object) -> None:
+        pass
+
+
+def test_a_replaced_pod_leaves_the_endpoints_only_once_its_successor_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sync pass that sees a new Running pod and its predecessor gone (a Deployment replaced once its
+    successor's pods are Ready: kwok makes a pod Running and Ready at once) starts the new simulator before
+    the old one leaves endpoints(). Draining first, the replan test's load generator once found no endpoint
+    while the new simulator spawned (cold CI at 2a9e553: 1 of 348 requests failed)."""
+    sims = PodSim(cast(Kube, None), cast(Prometheus, _Targets()), ["ns"], sim_binary="unused")
+    old = _Process("127.0.0.1:1")
+    sims._sims["old-uid"] = PodSimulator(namespace="ns", pod="chat-old", uid="old-uid", llmdeployment="chat",
+                                         config=cast(Any, None), sim=cast(InferenceSim, old), target="old",
+                                         started_at=0.0, drains=True)
+    seen_while_starting: list[list[str]] = []
+
+    def start(pod: dict[str, Any]) -> PodSimulator:
+        seen_while_starting.append(sims.endpoints("chat", "ns"))
+        meta = pod["metadata"]
+        return PodSimulator(namespace="ns", pod=meta["name"], uid=meta["uid"], llmdeployment="chat",
+                            config=cast(Any, None), sim=cast(InferenceSim, _Process("127.0.0.1:2")), target="new",
+                            started_at=0.0, drains=True)
+
+    running = {"new-uid": {"metadata": {"name": "chat-new", "uid": "new-uid"}}}  # the old pod is gone
+    monkeypatch.setattr(sims, "_running_pods", lambda: running)
+    monkeypatch.setattr(sims, "_start", start)
+    sims.sync_once()
+    assert seen_while_starting == [["127.0.0.1:1"]]  # the old pod still served while the new one started
+    assert sims.endpoints("chat", "ns") == ["127.0.0.1:2"]
+    assert old.stopped and [h[1:3] for h in sims.history] == [("stop", "ns/chat-old")]

@@ -149,7 +149,7 @@ def _command(case: Case, policy: str) -> str:
 def billed_gpu_hours(metrics: dict[str, Any]) -> float:
     """A run's GPU-hours over the trace's span, as the hindsight schedule is paid: the simulator runs on after
     the last arrival for the requests in flight to finish (FleetConfig.tail_s), and what a fleet pays then
-    (1-12% of a case's GPU-hours, most on the shortest traces) is the trace's end, not its traffic."""
+    (1-15% of a case's GPU-hours, most on the shortest traces) is the trace's end, not its traffic."""
     return float(metrics["trace_gpu_hours"])
 
 

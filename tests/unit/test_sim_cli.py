@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("slo_attainment", "goodput_tokens_per_s", "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "p50_tpot_ms",
-        "p95_tpot_ms", "p99_tpot_ms", "gpu_hours", "cost", "tokens_per_dollar", "max_replicas", "mean_replicas",
-        "requests", "dropped", "unfinished")
+        "p95_tpot_ms", "p99_tpot_ms", "gpu_hours", "trace_gpu_hours", "trace_mean_replicas", "cost",
+        "tokens_per_dollar", "max_replicas", "mean_replicas", "requests", "dropped", "unfinished")
 
 
 def kvscale(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,6 +37,7 @@ def test_simulate_table_with_a_packaged_trace_sped_up_keeps_the_attribution() ->
                      "--duration-s", "120", "--policy", "hpa-queue")
     assert result.returncode == 0, result.stderr
     assert "SLO attainment" in result.stdout and "GPU-hours" in result.stdout
+    assert "while the trace ran" in result.stdout
     assert "CC BY 4.0" in result.stdout and "slower than the planner assumes" in result.stdout
 
 

@@ -131,7 +131,8 @@ def render_result(result: SimulationResult) -> str:
         f"TPOT {100 * (m['tpot_attainment'] or 0):.2f}%); goodput {m['goodput_tokens_per_s']:.1f} output tok/s",
         f"  TTFT ms p50/p95/p99 {m['p50_ttft_ms']} / {m['p95_ttft_ms']} / {m['p99_ttft_ms']}; "
         f"TPOT ms p50/p95/p99 {m['p50_tpot_ms']} / {m['p95_tpot_ms']} / {m['p99_tpot_ms']}",
-        f"  GPU-hours {m['gpu_hours']:.2f}, cost ${m['cost']:.2f} at ${m['usd_per_gpu_hour']:g}/GPU-h, "
+        f"  GPU-hours {m['gpu_hours']:.2f} ({m['trace_gpu_hours']:.2f} while the trace ran), cost ${m['cost']:.2f} at "
+        f"${m['usd_per_gpu_hour']:g}/GPU-h, "
         f"{m['tokens_per_dollar'] or 0:,.0f} SLO-compliant tokens per dollar",
         f"  replicas: max {m['max_replicas']}, mean {m['mean_replicas']:.2f}, started {m['replicas_started']}",
         f"  servers vs planner: HBM efficiency {server['hbm_bandwidth']} vs {planner['hbm_bandwidth']}, compute "

@@ -197,18 +197,16 @@ def simulate(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPolic
     end = ticks * interval
     for replica in [*fleet.ready, *fleet.draining, *fleet.starting]:
         replica.stopped_s = end
-    gpu_s = float(sum(((r.stopped_s if r.stopped_s is not None else end) - r.started_s)
-                      for r in fleet.all_replicas())) * deployment.gpus_per_replica
+    held = [(r.started_s, r.stopped_s if r.stopped_s is not None else end) for r in fleet.all_replicas()]
+    gpu_s = deployment.gpus_per_replica * float(sum(stop - start for start, stop in held))
     # Paid while the trace ran: the tail after its last arrival is simulated only for requests in flight to
     # finish, and a schedule stitched over the trace's blocks is paid over the trace alone.
     span_s = trace.duration_s
-    trace_gpu_s = deployment.gpus_per_replica * float(sum(
-        max(0.0, min(r.stopped_s if r.stopped_s is not None else end, span_s) - min(r.started_s, span_s))
-        for r in fleet.all_replicas()))
+    trace_gpu_s = deployment.gpus_per_replica * float(sum(max(0.0, min(stop, span_s) - min(start, span_s))
+                                                          for start, stop in held))
     busy_s = float(sum(r.busy_s for r in fleet.all_replicas()))
     return summarize(deployment, trace, policy, log, timeline, gpu_s=gpu_s, trace_gpu_s=trace_gpu_s,
-                     busy_replica_s=busy_s,
-                     simulated_s=end, replicas_created=fleet.created,
+                     busy_replica_s=busy_s, simulated_s=end, replicas_created=fleet.created,
                      server_form="" if config.server_form == MODEL_FORM else config.server_form.describe)
 
 

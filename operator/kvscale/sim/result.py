@@ -57,8 +57,7 @@ def _efficiency(e: EfficiencyFactors) -> dict[str, float]:
 
 def summarize(deployment: SimulatedDeployment, trace: Trace, policy: ScalingPolicy, log: RequestLog,
               timeline: list[TimelinePoint], *, gpu_s: float, trace_gpu_s: float, busy_replica_s: float,
-              simulated_s: float,
-              replicas_created: int, server_form: str = "") -> SimulationResult:
+              simulated_s: float, replicas_created: int, server_form: str = "") -> SimulationResult:
     slo = deployment.spec.slo
     n = trace.requests
     finished = ~np.isnan(log.finish_s)

@@ -30,7 +30,8 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+
+import numpy as np
 
 import autoscaling
 from kvscale.api.spec import ForecastMode
@@ -64,8 +65,8 @@ class Run:
 
     def row(self) -> str:
         after = "" if self.after_first_peak is None else f"{self.after_first_peak:.2f}%"
-        static = "" if not self.static_gpu_hours or self.policy == "static-peak" else \
-            f"{self.gpu_hours / self.static_gpu_hours:.2f}x"
+        static = ("" if not self.static_gpu_hours or self.policy == "static-peak"
+                  else f"{self.gpu_hours / self.static_gpu_hours:.2f}x")
         matched = "" if self.matched_gpu_hours is None else f"{self.matched_gpu_hours:.2f}"
         ratio = "" if self.vs_matched is None else f"{self.vs_matched:.2f}x"
         return (f"| {self.split} | {self.case} | {self.policy} | {100 * self.attainment:.2f}% | {after} | "
@@ -126,7 +127,7 @@ def run_case(case: autoscaling.Case, seed: int, modes: tuple[ForecastMode, ...] 
     trace = load_trace(case.trace)
     replayed = trace.sped_up(case.speedup)
     runs: list[Run] = []
-    met: dict[str, Any] = {}
+    met: dict[str, np.ndarray] = {}
     for mode in (None, *modes):
         name = "static-peak" if mode is None else f"kvscale {mode.value}"
         start = time.perf_counter()

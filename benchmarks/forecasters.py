@@ -76,41 +76,46 @@ class Run:
 
 @dataclass
 class Summary:
-    """Per set and forecaster: the geometric mean of GPU-hours over the schedule at the run's own attainment,
-    the mean attainment, and on how many cases the forecaster was the cheapest at matched attainment."""
+    """Per set and forecaster: the runs' GPU-hours over the schedule at their own attainment and their
+    attainments, one per case with a matched schedule, and on how many cases the forecaster was the cheapest."""
 
     split: str
     policy: str
-    cases: int = 0
-    geometric_mean_vs_matched: float = math.nan
-    mean_attainment: float = math.nan
-    cheapest: int = 0
     ratios: list[float] = field(default_factory=list)
+    attainments: list[float] = field(default_factory=list)
+    cheapest: int = 0
+
+    @property
+    def cases(self) -> int:
+        return len(self.ratios)
+
+    @property
+    def geometric_mean_vs_matched(self) -> float:
+        return math.exp(sum(math.log(r) for r in self.ratios) / self.cases)
+
+    @property
+    def mean_attainment(self) -> float:
+        return sum(self.attainments) / self.cases
 
 
 def summarize(runs: list[Run]) -> list[Summary]:
     """One Summary per (set, kvscale forecaster) over the cases where the matched schedule was found; ties for
     the cheapest (within 0.5%) count for each forecaster in the tie."""
     summaries: dict[tuple[str, str], Summary] = {}
-    attainments: dict[tuple[str, str], list[float]] = {}
-    by_case: dict[tuple[str, str], list[Run]] = {}
+    by_case: dict[tuple[str, str], list[tuple[Run, float]]] = {}
     for run in runs:
-        if not run.policy.startswith("kvscale") or run.vs_matched is None:
+        ratio = run.vs_matched
+        if not run.policy.startswith("kvscale") or ratio is None:
             continue
-        key = (run.split, run.policy)
-        summary = summaries.setdefault(key, Summary(run.split, run.policy))
-        summary.ratios.append(run.vs_matched)
-        attainments.setdefault(key, []).append(run.attainment)
-        by_case.setdefault((run.split, run.case), []).append(run)
+        summary = summaries.setdefault((run.split, run.policy), Summary(run.split, run.policy))
+        summary.ratios.append(ratio)
+        summary.attainments.append(run.attainment)
+        by_case.setdefault((run.split, run.case), []).append((run, ratio))
     for (split, _), case_runs in by_case.items():
-        best = min(r.vs_matched or math.inf for r in case_runs)
-        for r in case_runs:
-            if (r.vs_matched or math.inf) <= best * 1.005:
-                summaries[(split, r.policy)].cheapest += 1
-    for key, summary in summaries.items():
-        summary.cases = len(summary.ratios)
-        summary.geometric_mean_vs_matched = math.exp(sum(math.log(r) for r in summary.ratios) / summary.cases)
-        summary.mean_attainment = sum(attainments[key]) / summary.cases
+        best = min(ratio for _, ratio in case_runs)
+        for run, ratio in case_runs:
+            if ratio <= best * 1.005:
+                summaries[(split, run.policy)].cheapest += 1
     return sorted(summaries.values(), key=lambda s: (s.split != "tuning", s.geometric_mean_vs_matched))
 
 

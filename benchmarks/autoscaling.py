@@ -139,10 +139,11 @@ STATIC_COST_LIMIT = 0.80  # or: at most this much of static-peak's GPU-hours at 
 EQUAL_ATTAINMENT_PP = 0.1  # "equal" attainment: within this many percentage points
 
 
-def _command(case: Case, policy: str) -> str:
+def _command(case: Case, policy: str, seed: int) -> str:
+    """The `kvscale simulate` command that reruns one policy on one case with this seed's draws."""
     speed = f" --speedup {case.speedup:g}" if case.speedup != 1 else ""
     return (f".venv/bin/kvscale simulate -f benchmarks/data/{case.resource} --trace '{case.trace}'{speed} "
-            f"--policy {policy} --startup-s {STARTUP_RANGE_S[0]:g}-{STARTUP_RANGE_S[1]:g} --seed {STARTUP_SEED} "
+            f"--policy {policy} --startup-s {STARTUP_RANGE_S[0]:g}-{STARTUP_RANGE_S[1]:g} --seed {seed} "
             "--server-form measured-like -o json")
 
 
@@ -396,7 +397,8 @@ def run_case(case: Case, seed: int, plots: str | None) -> CaseOutcome:
         if policy in ("kvscale", "static-peak"):
             met_slo[policy] = result.met_slo
         out.rows.append(f"| {case.split} " + _row(policy, label, m, wall))
-        out.results.append({**m, "split": case.split, "wall_s": round(wall, 2), "command": _command(case, policy)})
+        out.results.append({**m, "split": case.split, "wall_s": round(wall, 2),
+                            "command": _command(case, policy, seed)})
         if plots:
             Path(plots).mkdir(parents=True, exist_ok=True)
             draw_timeline(result, Path(plots) / f"{label.replace(' ', '-')}-{policy}.png")
@@ -479,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in CASES if args.cases in ("all", c.split) and args.only in c.label]
     print("each row is the same as:")
     for case in cases:
-        print(f"  {_command(case, '{' + ','.join(case.policies) + '}')}")
+        print(f"  {_command(case, '{' + ','.join(case.policies) + '}', args.seed)}")
     # GPU-hours and mean replicas over the trace's span (billed_gpu_hours); tokens/$ at the whole run's cost.
     header = ("| set | policy | trace | SLO attainment | TTFT ok | TPOT ok | p99 TTFT ms | p99 TPOT ms | GPU-hours | "
               "tokens/$ | max replicas | mean replicas | wall s |")

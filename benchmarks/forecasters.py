@@ -121,7 +121,7 @@ def summarize(runs: list[Run]) -> list[Summary]:
 
 def _command(case: autoscaling.Case, mode: ForecastMode | None, seed: int) -> str:
     policy = "static-peak" if mode is None else f"kvscale --forecaster {mode.value}"
-    return autoscaling._command(case, policy).replace(f"--seed {autoscaling.STARTUP_SEED}", f"--seed {seed}")
+    return autoscaling._command(case, policy, seed)
 
 
 def run_case(case: autoscaling.Case, seed: int, modes: tuple[ForecastMode, ...] = MODES) -> list[Run]:

@@ -98,3 +98,12 @@ def test_attainment_after_the_first_peak_counts_only_the_requests_sent_after_it(
     assert shares == {"kvscale": 100.0, "static-peak": 90.0}
     note = bench.first_peak_note("case", arrival_s, {"kvscale": kvscale, "static-peak": static})
     assert f"kvscale's misses before then: {int(before.sum())} of {int(before.sum())}" in note
+
+
+def test_the_rerun_command_carries_the_run_seed_and_the_cases_speed() -> None:
+    bench = load_benchmark("autoscaling")
+    case = bench.Case("azure-conv", "autoscaling-conv.yaml", 1.5)
+    command = bench._command(case, "kvscale", 2)
+    # A table published for seed 2 must rerun seed 2's start-up draws and server jitter, not the default's.
+    assert "--seed 2 " in command and f"--seed {bench.STARTUP_SEED} " not in command
+    assert "--speedup 1.5 " in command and "-f benchmarks/data/autoscaling-conv.yaml" in command

@@ -15,13 +15,16 @@ seed, it stitches per-minute fleets from whole-trace runs of fixed fleets of 1..
   planned fleet (the plan for the resource's stated workload), as every policy starts.
   q and hold are picked per case in hindsight from grids: the cheapest pair that reaches 99% overall.
 
-Every choice is generous to the oracle, so its figures bound what a reactive policy can spend from below:
+The choices are generous to the oracle, so its figures are an optimistic estimate of what a policy of its form
+spends (size to what was seen, hold it for a window: HPA's and KEDA's form; not a policy that predicts a period):
 - it knows each past minute's need exactly (no rate window, no calibration, no noise);
 - its q and hold are tuned per case in hindsight;
 - replicas start and stop free and at once;
-- as in the stitched schedule, no backlog crosses a minute boundary.
+- as in the stitched schedule, each minute's misses are those of a whole run at its fleet (a backlog left by a
+  smaller fleet the minute before is not carried: the one approximation that can cut either way).
 A reactive policy sees a rise only after it happened and gets its replica one start-up later (60-300 s in the
-benchmark, plus up to a decision interval): a lag of about 4 minutes at the mean start-up. Lag 0 is the same
+benchmark, plus up to a decision interval). At a lag of 4, minute m - 4's need is known at its end, 3 minutes
+(the mean start-up) before minute m starts, and acted on at once. Lag 0 is the same
 per-minute rule with perfect foresight: beside the 5-min schedule it shows what sizing each minute to its own
 share of misses costs against spending the 1% where misses are cheapest.
 """

@@ -97,6 +97,8 @@ def cheapest_oracles(missed: np.ndarray, arrivals: np.ndarray, seconds: np.ndarr
 
 
 def run_case(index: int, seed: int) -> str:
+    from swing_bound import missed_per_block  # this script's neighbour: requests missed per block and fleet
+
     import autoscaling as bench
     from kvscale.cli.simulate_cmd import load_deployment, load_trace
 
@@ -113,10 +115,9 @@ def run_case(index: int, seed: int) -> str:
     if schedule is None:
         return f"| {case.split} | {case.label} | no 5-min schedule reaches 99% | | | | |"
     _, s_attainment, s_gpu_hours = schedule
-    blocks = (trace.arrival_s // MINUTE_S).astype(np.int64)
-    count = int(blocks.max()) + 1
-    missed = np.stack([np.bincount(blocks, weights=~met, minlength=count) for met in outcomes])
-    arrivals = np.bincount(blocks, minlength=count).astype(np.float64)
+    missed = missed_per_block(trace, outcomes, MINUTE_S)
+    count = missed.shape[1]
+    arrivals = np.bincount((trace.arrival_s // MINUTE_S).astype(np.int64), minlength=count).astype(np.float64)
     seconds = np.full(count, MINUTE_S)
     seconds[-1] = trace.duration_s - (count - 1) * MINUTE_S
     oracles = cheapest_oracles(missed, arrivals, seconds, trace.requests, deployment.tensor_parallel,

@@ -87,6 +87,14 @@ def test_one_pass_yields_an_observation_per_deployment(prometheus: Prometheus, i
     assert chat_obs.tpot_mean_s is not None and 0 < chat_obs.tpot_mean_s < 0.01, seen
     assert chat_obs.ttft_s is not None and chat_obs.input_tokens_quantile is not None, seen
     assert chat_obs.aborted_rate in (None, 0) and chat_obs.failed_rate in (None, 0), seen
+    # The TTFT and TPOT histograms themselves, for the share of requests within an SLO: ordered bucket rates
+    # ending in +Inf, which counts every request of the window. Every request's first token took ~40 ms and
+    # every token 5 ms: all within SLOs of 1 s, none within a TTFT SLO of 1 ms (vLLM's first bucket).
+    for buckets in (chat_obs.ttft_buckets, chat_obs.tpot_buckets):
+        assert buckets and buckets[-1][0] == float("inf") and buckets[-1][1] > 0, seen
+        assert [b for b, _ in buckets] == sorted(b for b, _ in buckets), seen
+    assert chat_obs.missed_slo_share(1.0, 1.0) == 0.0, seen
+    assert chat_obs.missed_slo_share(0.001, 1.0) == 1.0, seen
     assert check_observation(chat_obs, time.time(), 120) is None, seen
     assert check_observation(result.observations.get(keys[2]), time.time(), 120) is not None
 

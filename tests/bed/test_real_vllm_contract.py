@@ -128,14 +128,18 @@ class Raw:
                 latest.append(points[-1])
         return latest
 
-    def percentile(self, name: str, at_s: float) -> tuple[float | None, float | None]:
-        """(resolved percentile, bound when it fell in the first bucket) of a histogram's bucket rates."""
+    def buckets(self, name: str, at_s: float) -> tuple[tuple[float, float], ...]:
+        """sum by (le) (rate(name_bucket[window])): (upper bound, cumulative rate) by bound."""
         by_le: dict[float, float] = defaultdict(float)
         for labels, samples in self.select(f"{name}_bucket"):
             rate = _extrapolated_rate(samples, at_s, WINDOW_S)
             if rate is not None:
                 by_le[float(labels["le"])] += rate
-        read = bucketed_percentile(QUANTILE, by_le.items())
+        return tuple(sorted(by_le.items()))
+
+    def percentile(self, name: str, at_s: float) -> tuple[float | None, float | None]:
+        """(resolved percentile, bound when it fell in the first bucket) of a histogram's bucket rates."""
+        read = bucketed_percentile(QUANTILE, self.buckets(name, at_s))
         if read is None:
             return None, None
         return (read.value, None) if read.resolved else (None, read.upper)
@@ -228,6 +232,9 @@ def expected_observation(raw: Raw, at_s: float) -> dict[str, object]:
         "below_resolution": sorted((field, bound) for field, (_value, bound) in percentiles.items()
                                    if bound is not None),
         "prefix_cache_hit_rate": _hit_rate(raw, at_s),
+        # the histograms the SLO shares are read from (Observation.missed_slo_share)
+        "ttft_buckets": raw.buckets("vllm:time_to_first_token_seconds", at_s),
+        "tpot_buckets": raw.buckets("vllm:request_time_per_output_token_seconds", at_s),
         # --enable-mfu-metrics: per-GPU counters, one series per engine
         "estimated_flops_per_s_per_gpu": _positive(raw.mean_rate("vllm:estimated_flops_per_gpu_total", at_s,
                                                                  WINDOW_S)),
@@ -245,6 +252,8 @@ def expected_observation(raw: Raw, at_s: float) -> dict[str, object]:
 
 
 def _close(seen: object, want: object) -> bool:
+    if isinstance(seen, tuple) and isinstance(want, tuple):
+        return len(seen) == len(want) and all(_close(a, b) for a, b in zip(seen, want, strict=True))
     if isinstance(seen, float | int) and isinstance(want, float | int):
         return math.isclose(seen, want, rel_tol=1e-6, abs_tol=1e-9)
     return seen == want

@@ -72,6 +72,8 @@ def test_two_replicas_one_writes_and_a_sigkill_hands_over_without_a_step_back(
                             seen.replace("Z", "+00:00")).timestamp() >= killed_clock - 1
 
                     wait_until(resumed, LIFETIME_S + 60, "the standby to take over", interval=0.5)
+                    # the error budget's view, through the CRD's schema (a field it lacked would be pruned)
+                    observed = llmdeployment(kube, namespace, name)["status"]["observed"]
                     handover_s = rec.now() - killed_at
                     wait_until(lambda: standby.report()["role"] == "active", 30, "the survivor to report active")
                     wait_until(lambda: rec.now() - killed_at >= 60, 90, "a minute under the survivor", interval=1.0)
@@ -92,3 +94,4 @@ def test_two_replicas_one_writes_and_a_sigkill_hands_over_without_a_step_back(
     steps_back = [(a, b) for a, b in itertools.pairwise(timeline) if b[1] < a[1]]
     assert steps_back == [], f"replicas stepped back: {timeline}"
     assert before_kill > planned, f"the load did not scale it up before the kill: {timeline}"
+    assert 0.0 <= observed.get("withinSloPct", -1.0) <= 100.0, observed

@@ -1,5 +1,6 @@
 """Calibration carried through status: the operator keeps it there between cycles (and restarts)."""
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -142,6 +143,26 @@ def test_status_shows_unserved_requests_and_what_the_histograms_cannot_resolve()
                                          "prefill time <= 300 ms (the histogram's first bucket)"]
     # p95 TPOT is at most 10 ms against an SLO of 50: met, although the percentile itself is unknown
     assert result.status.slo_met is True
+    assert observed.within_slo_pct is None  # no histograms read: no share within the SLOs
+
+
+def test_status_reports_the_share_of_requests_within_the_slos() -> None:
+    spec, chosen = _planned()
+    assert (spec.slo.ttft_ms, spec.slo.tpot_ms) == (1000, 40)
+    now_s = 1_000_000.0
+    # per second over the window: 2 requests, 0.1 of them past 1 s TTFT, 0.04 past 40 ms TPOT
+    observation = Observation(
+        sampled_at_s=now_s, pods_scraped=1, request_rate=2.0, mean_input_tokens=200, mean_output_tokens=40,
+        running_requests=3.5, waiting_requests=0.0, kv_cache_usage=0.1, ttft_s=0.9, tpot_s=0.035,
+        ttft_buckets=((0.5, 1.5), (1.0, 1.9), (2.5, 2.0), (math.inf, 2.0)),
+        tpot_buckets=((0.025, 1.0), (0.04, 1.96), (math.inf, 2.0)))
+    result = autoscale(spec, _setup(), chosen, LLMDeploymentStatus(), None, 1, 1, None,
+                       ScalingInput(observation, None, 0.017, ScalingHistory(), now_s),
+                       datetime.fromtimestamp(now_s, UTC))
+    observed = result.status.observed
+    assert observed is not None and observed.within_slo_pct == pytest.approx(100.0 * (1 - 0.05 - 0.02))
+    wire = LLMDeploymentStatus.model_validate(result.status.model_dump(by_alias=True))  # through the API server
+    assert wire.observed is not None and wire.observed.within_slo_pct == observed.within_slo_pct
 
 
 def test_status_reports_the_measured_startup_and_the_forecast_it_sized_for() -> None:

@@ -4,8 +4,9 @@ from kvscale.autoscaler.signals import Observation
 from kvscale.metrics import MetricsLabels, build_queries
 from kvscale.metrics.queries import build_bucket_queries
 
-# Fields the source fills from other fields, not from a query of their own.
-DERIVED = {"sampled_at_s", "window_s", "below_resolution"}
+# Fields the source fills from other fields, not from a query of their own (the histograms: from the
+# percentiles' bucket queries).
+DERIVED = {"sampled_at_s", "window_s", "below_resolution", "ttft_buckets", "tpot_buckets"}
 FIELDS = set(Observation.__dataclass_fields__) | {"prefill_s"}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import itertools
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -312,6 +313,12 @@ def test_the_scrape_shows_seconds_long_bursts_and_the_prefill_percentile(deploym
     assert all(o.bound_of("prefill_quantile_s") == REQUEST_LATENCY_BUCKETS_S[0] for o in finished)
     # the 1024-token prompts, in the bucket (1000, 2000]: 1-2-5 buckets are coarse, but they are resolved
     assert at_75.input_tokens_quantile is not None and 1000 < at_75.input_tokens_quantile <= 2000
+    # The TTFT and TPOT histograms, as rates over the window: their +Inf buckets count the window's requests
+    # (those whose first token, and those that finished, fell in it), and the share within an SLO reads them.
+    assert at_75.ttft_buckets[-1][0] == math.inf and at_75.tpot_buckets[-1][0] == math.inf
+    assert at_75.ttft_buckets[-1][1] == pytest.approx(at_75.request_rate, rel=0.1)
+    assert at_75.missed_slo_share(3600.0, 3600.0) == 0.0
+    assert at_75.missed_slo_share(1e-9, 1e-9) == 1.0
 
 
 @pytest.mark.parametrize(("values", "quantile", "expected"), [

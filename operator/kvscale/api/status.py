@@ -184,6 +184,13 @@ class ObservedStatus(StatusModel):
         float | None, Field(ge=0, le=1, description="Share of prompt tokens served from the prefix cache (vLLM's "
                                                     "prefix_cache_hits over prefix_cache_queries), 0 to 1.")
     ] = None
+    within_slo_pct: Annotated[
+        float | None,
+        Field(ge=0, le=100, description="Share of the window's requests that met both SLOs, %: the error budget's "
+                                        "view. Read from the TTFT and per-request TPOT histograms, linear inside "
+                                        "the bucket that holds each SLO; a request that missed both counts twice, "
+                                        "so it errs low. Empty where either histogram is absent.")
+    ] = None
     below_resolution: Annotated[
         list[str] | None,
         Field(description="Percentiles the engine's histogram buckets cannot resolve (they fell in the first "

@@ -54,3 +54,23 @@ def bucketed_percentile(quantile: float, buckets: Iterable[tuple[float, float]])
             return BucketedPercentile(value=lower + (upper - lower) * share, lower=lower, upper=upper)
         below, lower = max(below, cumulative), upper
     return None
+
+
+def share_within(bound: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+    """The share of a histogram's observations at or below `bound`, from `(upper bound, cumulative count
+    or rate)` pairs: the inverse of bucketed_percentile, linear inside the bucket that holds `bound` (from
+    0 in the first). Beyond the highest finite bound, the share at that bound (a lower bound of the true
+    one). None when the histogram is empty or has no +Inf bucket."""
+    ordered = sorted((upper, count) for upper, count in buckets if not math.isnan(count))
+    if not ordered or not math.isinf(ordered[-1][0]) or not ordered[-1][1] > 0.0:
+        return None
+    total = ordered[-1][1]
+    below, lower = 0.0, 0.0
+    for upper, cumulative in ordered:
+        if math.isinf(upper):
+            return below / total
+        if bound <= upper:
+            inside = max(cumulative - below, 0.0)
+            return (below + inside * (bound - lower) / (upper - lower)) / total if upper > lower else cumulative / total
+        below, lower = max(below, cumulative), upper
+    return below / total

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvscale.autoscaler.histogram import share_within
+
 # Beyond these a reading is a broken exporter or query, not load.
 MAX_PLAUSIBLE_LATENCY_S = 3600.0
 MAX_PLAUSIBLE_REQUEST_RATE = 1e6
@@ -76,12 +78,28 @@ class Observation:
     # mean time the window's finished requests waited for a slot (vLLM's request_queue_time_seconds): a
     # window that drained a backlog has tail latencies from an earlier, heavier load
     mean_queue_time_s: float | None = None
+    # The TTFT and per-request TPOT histograms behind ttft_s and tpot_s, as (upper bound s, cumulative
+    # requests/s) with a +Inf bucket; empty where absent: the share of requests within an SLO (the error
+    # budget spent) is read from them, at bounds the percentile alone does not show.
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    tpot_buckets: tuple[tuple[float, float], ...] = ()
 
     @property
     def estimated_hbm_bytes_per_s_per_gpu(self) -> float | None:
         """Bytes read and written per second per GPU, by the engine's estimate; None unless both are known."""
         read, write = self.estimated_read_bytes_per_s_per_gpu, self.estimated_write_bytes_per_s_per_gpu
         return None if read is None or write is None else read + write
+
+    def missed_slo_share(self, ttft_slo_s: float, tpot_slo_s: float) -> float | None:
+        """The share of the window's requests that missed the TTFT or the TPOT SLO, read from their histograms
+        (interpolated inside the bucket that holds each SLO): the sum of the two shares, at most 1. An upper
+        bound as far as the buckets go, since the histograms do not say which requests missed both. None where
+        either histogram is absent."""
+        ttft = share_within(ttft_slo_s, self.ttft_buckets)
+        tpot = share_within(tpot_slo_s, self.tpot_buckets)
+        if ttft is None or tpot is None:
+            return None
+        return min(1.0, max(0.0, 1.0 - ttft) + max(0.0, 1.0 - tpot))
 
     def bound_of(self, signal: str) -> float | None:
         """The upper bound known for a percentile field the histogram could not resolve, else None."""

@@ -43,6 +43,7 @@ from kvscale.units import (
     bytes_per_s_to_gb_per_s,
     flops_per_s_to_tflops,
     gb_per_s_to_bytes_per_s,
+    ms_to_s,
     tflops_to_flops_per_s,
 )
 
@@ -131,11 +132,12 @@ def forecast_status(forecast: Forecast, forecasts: ForecastState) -> ForecastSta
                   for f, e in forecasts.backtest().items()])
 
 
-def _observed_status(observation: Observation) -> ObservedStatus:
+def _observed_status(spec: LLMDeploymentSpec, observation: Observation) -> ObservedStatus:
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1000.0, 2)
 
     usage = observation.kv_cache_usage
+    missed = observation.missed_slo_share(ms_to_s(spec.slo.ttft_ms), ms_to_s(spec.slo.tpot_ms))
     return ObservedStatus(
         ttft_p95_ms=ms(observation.ttft_s),
         tpot_p95_ms=ms(observation.tpot_s),
@@ -147,6 +149,7 @@ def _observed_status(observation: Observation) -> ObservedStatus:
         failed_per_second=_rounded(observation.failed_rate, 3),
         tpot_mean_ms=ms(observation.tpot_mean_s),
         prefix_cache_hit_rate=_rounded(observation.prefix_cache_hit_rate, 4),
+        within_slo_pct=None if missed is None else round(100.0 * (1.0 - missed), 2),
         below_resolution=[_below_text(b) for b in observation.below_resolution] or None,
         sampled_at=format_time(datetime.fromtimestamp(observation.sampled_at_s, UTC)),
     )
@@ -210,7 +213,7 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
         conditions = set_condition(conditions, ConditionType.METRICS_UNAVAILABLE, ConditionStatus.FALSE,
                                    "MetricsFresh", "vLLM metrics are being scraped.", now, generation)
         assert observation is not None
-        updates["observed"] = _observed_status(observation)
+        updates["observed"] = _observed_status(spec, observation)
         updates["slo_met"] = _slo_met(spec, observation)
     if calibration.samples or calibration.input_tokens is not None:
         updates["calibration"] = calibration_status(calibration)

@@ -217,11 +217,18 @@ class PrometheusSource:
                 estimated_write_bytes_per_s_per_gpu=_positive(get("estimated_write_bytes_per_s_per_gpu")),
                 engine_steps_per_s=_positive(get("engine_steps_per_s")),
                 mean_queue_time_s=_finite(get("mean_queue_time_s")),
+                ttft_buckets=_ordered(histograms["ttft_s"].get(key, ())),
+                tpot_buckets=_ordered(histograms["tpot_s"].get(key, ())),
             )
             prefill_value = _finite(get("prefill_s"))
             if prefill_value is not None:
                 prefill[key] = prefill_value
         return FetchResult(observations=observations, prefill_s=prefill)
+
+
+def _ordered(buckets: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """A histogram's (upper bound, cumulative rate) pairs by bound, NaN rates (no samples in range) left out."""
+    return tuple(sorted((bound, rate) for bound, rate in buckets if not math.isnan(rate)))
 
 
 def _is_sample(row: Any) -> bool:

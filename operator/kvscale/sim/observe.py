@@ -26,8 +26,29 @@ REQUEST_LATENCY_BUCKETS_S = np.array([0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10
                                       60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0])
 
 
+# vLLM's time_to_first_token_seconds and request_time_per_output_token_seconds buckets (vllm/v1/metrics/buckets.py)
+TTFT_BUCKETS_S = np.array([0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                           20.0, 40.0, 80.0, 160.0, 640.0, 2560.0])
+INTER_TOKEN_LATENCY_BUCKETS_S = np.array([0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                                          7.5, 10.0, 20.0, 40.0, 80.0])
+
+
 # vLLM's request_prompt_tokens buckets: 1-2-5 per decade up to the model length (here past any prompt).
 PROMPT_TOKEN_BUCKETS = np.array([m * 10.0 ** e for e in range(7) for m in (1, 2, 5)])
+
+
+def _cumulative_counts(values: Array, bounds: Array) -> NDArray[np.int64]:
+    """How many of `values` fall at or below each of `bounds` and +Inf (Prometheus's `le` buckets)."""
+    return np.cumsum(np.bincount(np.searchsorted(bounds, values, side="left"), minlength=bounds.size + 1))
+
+
+def histogram_rates(values: Array, bounds: Array, window_s: float) -> tuple[tuple[float, float], ...]:
+    """`values` counted into buckets with upper `bounds` (a +Inf bucket added), as the cumulative per-second
+    rates a `rate()` of vLLM's `_bucket` series over `window_s` reads; empty when there are no values."""
+    if values.size == 0 or window_s <= 0.0:
+        return ()
+    counts = _cumulative_counts(values, bounds)
+    return tuple(zip([*bounds.tolist(), math.inf], (counts / window_s).tolist(), strict=True))
 
 
 def histogram_percentile(quantile: float, values: Array, bounds: Array) -> BucketedPercentile | None:
@@ -35,7 +56,7 @@ def histogram_percentile(quantile: float, values: Array, bounds: Array) -> Bucke
     added), with the bucket it came from; None when there are no values."""
     if values.size == 0:
         return None
-    counts = np.cumsum(np.bincount(np.searchsorted(bounds, values, side="left"), minlength=bounds.size + 1))
+    counts = _cumulative_counts(values, bounds)
     return bucketed_percentile(quantile, zip([*bounds.tolist(), math.inf], counts.astype(float).tolist(),
                                              strict=True))
 
@@ -160,6 +181,8 @@ class FleetScraper:
             # vLLM observes a request's queue time when it finishes: arrival to its first scheduled step
             mean_queue_time_s=float(np.mean(log.scheduled_s[finished] - log.arrival_s[finished]))
             if finished.size else None,
+            ttft_buckets=histogram_rates(ttft, TTFT_BUCKETS_S, covered_s),
+            tpot_buckets=histogram_rates(tpot, INTER_TOKEN_LATENCY_BUCKETS_S, covered_s),
         )
         return WindowStats(
             observation=observation,

@@ -29,6 +29,15 @@ class BucketedPercentile:
         return self.lower > 0.0 or not math.isfinite(self.upper)
 
 
+def _complete(buckets: Iterable[tuple[float, float]]) -> list[tuple[float, float]] | None:
+    """The `(upper bound, cumulative count or rate)` pairs by bound, NaN ones (a rate over nothing) left out;
+    None unless they end in a +Inf bucket (a complete histogram) that counted something."""
+    ordered = sorted((bound, count) for bound, count in buckets if not math.isnan(count))
+    if not ordered or not math.isinf(ordered[-1][0]) or not ordered[-1][1] > 0.0:
+        return None
+    return ordered
+
+
 def bucketed_percentile(quantile: float, buckets: Iterable[tuple[float, float]]) -> BucketedPercentile | None:
     """Prometheus's histogram_quantile over `(upper bound, cumulative count or rate)` pairs, with the
     bucket it came from; None when the histogram is empty (nothing observed in the window).
@@ -36,13 +45,10 @@ def bucketed_percentile(quantile: float, buckets: Iterable[tuple[float, float]])
     As in Prometheus: linear inside the bucket holding the rank; the highest finite bound when the
     rank is in the +Inf bucket (a lower bound of the true value, which is still safe to alarm on).
     """
-    ordered = sorted((bound, count) for bound, count in buckets if not math.isnan(count))
-    if not ordered or not math.isinf(ordered[-1][0]):
-        return None  # no +Inf bucket: not a complete histogram
-    total = ordered[-1][1]
-    if not total > 0.0:
+    ordered = _complete(buckets)
+    if ordered is None:
         return None
-    rank = quantile * total
+    rank = quantile * ordered[-1][1]
     below, lower = 0.0, 0.0
     for index, (upper, cumulative) in enumerate(ordered):
         if cumulative >= rank:
@@ -61,8 +67,8 @@ def share_within(bound: float, buckets: Iterable[tuple[float, float]]) -> float 
     or rate)` pairs: the inverse of bucketed_percentile, linear inside the bucket that holds `bound` (from
     0 in the first). Beyond the highest finite bound, the share at that bound (a lower bound of the true
     one). None when the histogram is empty or has no +Inf bucket."""
-    ordered = sorted((upper, count) for upper, count in buckets if not math.isnan(count))
-    if not ordered or not math.isinf(ordered[-1][0]) or not ordered[-1][1] > 0.0:
+    ordered = _complete(buckets)
+    if ordered is None:
         return None
     total = ordered[-1][1]
     below, lower = 0.0, 0.0

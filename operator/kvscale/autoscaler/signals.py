@@ -92,9 +92,9 @@ class Observation:
 
     def missed_slo_share(self, ttft_slo_s: float, tpot_slo_s: float) -> float | None:
         """The share of the window's requests that missed the TTFT or the TPOT SLO, read from their histograms
-        (interpolated inside the bucket that holds each SLO): the sum of the two shares, at most 1. An upper
-        bound as far as the buckets go, since the histograms do not say which requests missed both. None where
-        either histogram is absent."""
+        (interpolated inside the bucket that holds each SLO): the sum of the two shares, at most 1, which counts
+        a request that missed both twice (the histograms do not say which did). Past a histogram's highest
+        finite bound only its +Inf bucket counts as missed. None where either histogram is absent."""
         ttft = share_within(ttft_slo_s, self.ttft_buckets)
         tpot = share_within(tpot_slo_s, self.tpot_buckets)
         if ttft is None or tpot is None:

@@ -37,28 +37,21 @@ INTER_TOKEN_LATENCY_BUCKETS_S = np.array([0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0
 PROMPT_TOKEN_BUCKETS = np.array([m * 10.0 ** e for e in range(7) for m in (1, 2, 5)])
 
 
-def _cumulative_counts(values: Array, bounds: Array) -> NDArray[np.int64]:
-    """How many of `values` fall at or below each of `bounds` and +Inf (Prometheus's `le` buckets)."""
-    return np.cumsum(np.bincount(np.searchsorted(bounds, values, side="left"), minlength=bounds.size + 1))
-
-
 def histogram_rates(values: Array, bounds: Array, window_s: float) -> tuple[tuple[float, float], ...]:
     """`values` counted into buckets with upper `bounds` (a +Inf bucket added), as the cumulative per-second
     rates a `rate()` of vLLM's `_bucket` series over `window_s` reads; empty when there are no values."""
     if values.size == 0 or window_s <= 0.0:
         return ()
-    counts = _cumulative_counts(values, bounds)
+    # how many values fall at or below each bound and +Inf (Prometheus's `le` buckets)
+    counts = np.cumsum(np.bincount(np.searchsorted(bounds, values, side="left"), minlength=bounds.size + 1))
     return tuple(zip([*bounds.tolist(), math.inf], (counts / window_s).tolist(), strict=True))
 
 
 def histogram_percentile(quantile: float, values: Array, bounds: Array) -> BucketedPercentile | None:
     """What Prometheus reads of `values` counted into buckets with upper `bounds` (a +Inf bucket
     added), with the bucket it came from; None when there are no values."""
-    if values.size == 0:
-        return None
-    counts = _cumulative_counts(values, bounds)
-    return bucketed_percentile(quantile, zip([*bounds.tolist(), math.inf], counts.astype(float).tolist(),
-                                             strict=True))
+    # a percentile does not depend on the scale of the counts: per second over 1 s
+    return bucketed_percentile(quantile, histogram_rates(values, bounds, 1.0))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ NAME = "llama-70b"
 SCAN_INTERVAL_S = 2.0
 
 
-STALE_WHEN_INFEASIBLE = ("predicted", "desiredReplicas", "ttftP95Ms", "tpotP95Ms", "observed", "sloMet")
+STALE_WHEN_INFEASIBLE = ("predicted", "desiredReplicas", "ttftAtSloPercentileMs", "tpotAtSloPercentileMs", "ttftP95Ms",
+                         "tpotP95Ms", "observed", "sloMet")
 
 
 def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespace: str,
@@ -41,7 +42,7 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
 
     apply(kube, namespace, load_document(EXAMPLE))
     planned = wait_condition(kube, namespace, NAME, "Planned", "True")
-    assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(planned["status"])
+    assert {"predicted", "desiredReplicas", "ttftAtSloPercentileMs", "ttftP95Ms"} <= set(planned["status"])
     # The planned Deployment's pods exist (status.replicas counts them) before the spec turns infeasible.
     wait_until(lambda: (d := get(kube, "deployment", namespace, NAME)) is not None
                and (d.get("status") or {}).get("replicas") == d["spec"]["replicas"], 60, "the planned pods")
@@ -69,7 +70,7 @@ def test_feasible_infeasible_feasible_leaves_no_stale_field(kube: Kube, namespac
                        and o["status"]["observedGeneration"] == o["metadata"]["generation"] and o,
                        60, "Planned again for the new generation")
     assert required_condition(again, "Infeasible")["status"] == "False"
-    assert {"predicted", "desiredReplicas", "ttftP95Ms"} <= set(again["status"])
+    assert {"predicted", "desiredReplicas", "ttftAtSloPercentileMs", "ttftP95Ms"} <= set(again["status"])
     assert again["status"]["plan"]["gpuType"] == "H100-SXM"
     settled()
     reasons = [e["reason"] for e in events(kube, namespace, NAME)]

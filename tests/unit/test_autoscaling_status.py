@@ -138,7 +138,10 @@ def test_status_shows_unserved_requests_and_what_the_histograms_cannot_resolve()
     observed = result.status.observed
     assert observed is not None
     assert (observed.aborted_per_second, observed.failed_per_second, observed.requests_per_second) == (0.25, 0.05, 2.0)
-    assert observed.tpot_p95_ms is None and observed.tpot_mean_ms == 4.0
+    assert observed.tpot_at_slo_percentile_ms is None and observed.tpot_mean_ms == 4.0
+    # the latency at the SLO percentile, under its name, its deprecated name, and as the headline column
+    assert observed.ttft_at_slo_percentile_ms == observed.ttft_p95_ms == 40.0
+    assert result.status.ttft_at_slo_percentile_ms == result.status.ttft_p95_ms == 40.0
     assert observed.below_resolution == ["TPOT <= 10 ms (the histogram's first bucket)",
                                          "prefill time <= 300 ms (the histogram's first bucket)"]
     # p95 TPOT is at most 10 ms against an SLO of 50: met, although the percentile itself is unknown

@@ -213,7 +213,8 @@ def test_every_state_settles_to_what_it_says() -> None:
     assert condition("service-refused", "WriteFailed") == ("True", "ServiceWriteFailed")
     assert condition("name-taken", "Ready") == ("False", "NameConflict")
     for name in ("invalid", "infeasible"):
-        assert {"predicted", "desired_replicas", "ttft_p95_ms", "observed"}.isdisjoint(present(SETTLED[name]))
+        assert {"predicted", "desired_replicas", "ttft_at_slo_percentile_ms", "ttft_p95_ms", "observed"}.isdisjoint(
+            present(SETTLED[name]))
     assert SETTLED["invalid"].plan is None
     assert SETTLED["ready"].desired_replicas == PLANNED_REPLICAS
     refused = find_condition(SETTLED["service-refused"].conditions, "WriteFailed")
@@ -307,12 +308,15 @@ def test_a_planned_status_reports_the_chosen_candidate_and_its_predictions() -> 
     assert status.predicted.ttft_ms == pytest.approx(chosen.predicted.ttft_ms, abs=0.01)
     assert status.predicted.tpot_ms == pytest.approx(chosen.predicted.tpot_ms, abs=0.001)
     # Before any metrics the printer columns show the prediction.
+    assert (status.ttft_at_slo_percentile_ms, status.tpot_at_slo_percentile_ms) == (
+        status.predicted.ttft_ms, status.predicted.tpot_ms)
+    # ... and the deprecated names of the same fields too, for a release.
     assert (status.ttft_p95_ms, status.tpot_p95_ms) == (status.predicted.ttft_ms, status.predicted.tpot_ms)
     planned = find_condition(status.conditions, ConditionType.PLANNED)
     assert planned is not None and (planned.reason, planned.message) == ("PlanFound", plan.explanation)
     assert planned.observed_generation == status.observed_generation == 1
     wire = status_dict(status)
-    assert {"observedGeneration", "desiredReplicas", "ttftP95Ms", "conditions"} <= set(wire)
+    assert {"observedGeneration", "desiredReplicas", "ttftAtSloPercentileMs", "ttftP95Ms", "conditions"} <= set(wire)
     assert wire["plan"]["gpuType"] == "H100-SXM" and "phase" not in wire
 
 

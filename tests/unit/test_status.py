@@ -100,9 +100,20 @@ def test_condition_type_constants() -> None:
 
 def test_headline_latencies_prefer_observed() -> None:
     predicted = PredictedStatus(ttft_ms=300, tpot_ms=30, output_tokens_per_s=1, output_tokens_per_s_per_gpu=1)
-    observed = ObservedStatus(ttft_p95_ms=400, tpot_p95_ms=None, sampled_at="2025-03-01T12:00:00Z")
+    observed = ObservedStatus(ttft_at_slo_percentile_ms=400, tpot_at_slo_percentile_ms=None,
+                              sampled_at="2025-03-01T12:00:00Z")
     assert headline_latencies_ms(None, None) == (None, None)
     assert headline_latencies_ms(None, predicted) == (300, 30)
     assert headline_latencies_ms(observed, predicted) == (400, 30)
+
+
+def test_observed_latencies_written_by_an_older_operator_still_read() -> None:
+    """A status an older operator wrote holds only the deprecated ttftP95Ms / tpotP95Ms: they are read as the
+    latencies at the SLO percentile, which they always were."""
+    older = ObservedStatus.model_validate({"ttftP95Ms": 410.0, "tpotP95Ms": 41.0, "sampledAt": "2025-03-01T12:00:00Z"})
+    assert (older.ttft_ms, older.tpot_ms) == (410.0, 41.0)
+    newer = ObservedStatus.model_validate({"ttftAtSloPercentileMs": 420.0, "ttftP95Ms": 410.0,
+                                           "sampledAt": "2025-03-01T12:00:00Z"})
+    assert newer.ttft_ms == 420.0 and newer.tpot_ms is None
 
 

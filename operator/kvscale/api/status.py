@@ -154,8 +154,30 @@ class PredictedStatus(StatusModel):
 class ObservedStatus(StatusModel):
     """What the serving pods reported to Prometheus in the last sample (absent metrics stay empty)."""
 
-    ttft_p95_ms: Annotated[float | None, Field(ge=0, description="Observed p95 time to first token, ms.")] = None
-    tpot_p95_ms: Annotated[float | None, Field(ge=0, description="Observed p95 time per output token, ms.")] = None
+    ttft_at_slo_percentile_ms: Annotated[
+        float | None, Field(ge=0, description="Observed time to first token at spec.slo.percentile, ms.")
+    ] = None
+    tpot_at_slo_percentile_ms: Annotated[
+        float | None, Field(ge=0, description="Observed time per output token at spec.slo.percentile, ms.")
+    ] = None
+    # The names say p95 from when the SLO percentile was fixed at 95; readers of them keep working for a
+    # release, with the value the new fields hold.
+    ttft_p95_ms: Annotated[float | None, Field(ge=0, description=(
+        "Deprecated: use ttftAtSloPercentileMs, which holds the same value. Observed time to first token at "
+        "spec.slo.percentile (p95 only where that is 95), ms."))] = None
+    tpot_p95_ms: Annotated[float | None, Field(ge=0, description=(
+        "Deprecated: use tpotAtSloPercentileMs, which holds the same value. Observed time per output token at "
+        "spec.slo.percentile (p95 only where that is 95), ms."))] = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """TTFT at the SLO percentile, read from a status an older operator wrote too."""
+        return self.ttft_at_slo_percentile_ms if self.ttft_at_slo_percentile_ms is not None else self.ttft_p95_ms
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """TPOT at the SLO percentile, read from a status an older operator wrote too."""
+        return self.tpot_at_slo_percentile_ms if self.tpot_at_slo_percentile_ms is not None else self.tpot_p95_ms
     requests_per_second: Annotated[
         float | None, Field(ge=0, description="Observed arrival rate over all replicas, requests/s.")
     ] = None
@@ -442,20 +464,36 @@ class LLMDeploymentStatus(StatusModel):
         str | None,
         Field(description="Label selector of the serving pods, in string form, for the scale subresource (HPA)."),
     ] = None
+    ttft_at_slo_percentile_ms: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="Headline TTFT at spec.slo.percentile, ms: observed when metrics are available, else "
+            "the planner's prediction (the TTFT printer column).",
+        ),
+    ] = None
+    tpot_at_slo_percentile_ms: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="Headline TPOT at spec.slo.percentile, ms: observed when metrics are available, else "
+            "the planner's prediction (the TPOT printer column).",
+        ),
+    ] = None
     ttft_p95_ms: Annotated[
         float | None,
         Field(
             ge=0,
-            description="Headline TTFT, ms: observed p95 when metrics are available, else the planner's "
-            "prediction at spec.slo.percentile (the TTFT-p95 printer column).",
+            description="Deprecated: use ttftAtSloPercentileMs, which holds the same value (at "
+            "spec.slo.percentile, p95 only where that is 95), ms.",
         ),
     ] = None
     tpot_p95_ms: Annotated[
         float | None,
         Field(
             ge=0,
-            description="Headline TPOT, ms: observed p95 when metrics are available, else the planner's "
-            "prediction at spec.slo.percentile (the TPOT-p95 printer column).",
+            description="Deprecated: use tpotAtSloPercentileMs, which holds the same value (at "
+            "spec.slo.percentile, p95 only where that is 95), ms.",
         ),
     ] = None
     slo_met: Annotated[
@@ -498,10 +536,16 @@ def headline_latencies_ms(
     observed: ObservedStatus | None, predicted: PredictedStatus | None
 ) -> tuple[float | None, float | None]:
     """(TTFT, TPOT) for the printer columns: each observed value when present, else the prediction."""
-    ttft = observed.ttft_p95_ms if observed is not None else None
-    tpot = observed.tpot_p95_ms if observed is not None else None
+    ttft = observed.ttft_ms if observed is not None else None
+    tpot = observed.tpot_ms if observed is not None else None
     if ttft is None and predicted is not None:
         ttft = predicted.ttft_ms
     if tpot is None and predicted is not None:
         tpot = predicted.tpot_ms
     return ttft, tpot
+
+
+def headline_latency_fields(ttft_ms: float | None, tpot_ms: float | None) -> dict[str, float | None]:
+    """The status update that sets the headline latencies, under their names and their deprecated ones."""
+    return {"ttft_at_slo_percentile_ms": ttft_ms, "tpot_at_slo_percentile_ms": tpot_ms,
+            "ttft_p95_ms": ttft_ms, "tpot_p95_ms": tpot_ms}

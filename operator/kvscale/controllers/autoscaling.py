@@ -23,6 +23,7 @@ from kvscale.api.status import (
     PodStartupStatus,
     ScaleDecisionStatus,
     StartupStatus,
+    headline_latency_fields,
 )
 from kvscale.autoscaler import (
     Calibration,
@@ -139,7 +140,9 @@ def _observed_status(spec: LLMDeploymentSpec, observation: Observation) -> Obser
     usage = observation.kv_cache_usage
     missed = observation.missed_slo_share(ms_to_s(spec.slo.ttft_ms), ms_to_s(spec.slo.tpot_ms))
     return ObservedStatus(
-        ttft_p95_ms=ms(observation.ttft_s),
+        ttft_at_slo_percentile_ms=ms(observation.ttft_s),
+        tpot_at_slo_percentile_ms=ms(observation.tpot_s),
+        ttft_p95_ms=ms(observation.ttft_s),  # deprecated names of the same values (ObservedStatus)
         tpot_p95_ms=ms(observation.tpot_s),
         requests_per_second=None if observation.request_rate is None else round(observation.request_rate, 3),
         kv_cache_usage=None if usage is None else round(min(max(usage, 0.0), 1.0), 3),
@@ -232,9 +235,9 @@ def autoscale(spec: LLMDeploymentSpec, setup: ServingSetup, chosen: Candidate, s
         updates["forecast"] = forecast_status(decision.forecast, decision.history.forecasts)
     new_status = status.model_copy(update=updates)
     if new_status.observed is not None:
-        new_status = new_status.model_copy(update={
-            "ttft_p95_ms": new_status.observed.ttft_p95_ms if new_status.observed.ttft_p95_ms is not None
-            else new_status.ttft_p95_ms,
-            "tpot_p95_ms": new_status.observed.tpot_p95_ms if new_status.observed.tpot_p95_ms is not None
-            else new_status.tpot_p95_ms})
+        new_status = new_status.model_copy(update=headline_latency_fields(
+            new_status.observed.ttft_ms if new_status.observed.ttft_ms is not None
+            else new_status.ttft_at_slo_percentile_ms,
+            new_status.observed.tpot_ms if new_status.observed.tpot_ms is not None
+            else new_status.tpot_at_slo_percentile_ms))
     return ScalingResult(decision=decision, replicas=target, status=new_status)

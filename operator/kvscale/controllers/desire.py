@@ -29,7 +29,14 @@ from kvscale.api.conditions import (
     set_condition,
 )
 from kvscale.api.spec import LLMDeploymentSpec, ScalingMode, parse_spec
-from kvscale.api.status import Condition, ConditionStatus, LLMDeploymentStatus, MovePhase, headline_latencies_ms
+from kvscale.api.status import (
+    Condition,
+    ConditionStatus,
+    LLMDeploymentStatus,
+    MovePhase,
+    headline_latencies_ms,
+    headline_latency_fields,
+)
 from kvscale.autoscaler import ScaleDecision
 from kvscale.catalog import GpuSpec
 from kvscale.controllers.autoscaling import autoscale, previous_calibration
@@ -346,7 +353,7 @@ def _planned(run: _Pass, spec: LLMDeploymentSpec, inputs: PlanInputs, plan: Plan
     replicas = decide_replicas(spec, chosen, run.owned, previous, run.generation)
     status = run.base.model_copy(update={
         "plan": build_plan_status(plan), "predicted": predicted, "observed": kept.observed,
-        "slo_met": kept.slo_met, "ttft_p95_ms": ttft_ms, "tpot_p95_ms": tpot_ms,
+        "slo_met": kept.slo_met, **headline_latency_fields(ttft_ms, tpot_ms),
         "conditions": _plan_conditions(run, plan)})
     events: list[EventRecord] = []
     decision, scale_reason = None, None

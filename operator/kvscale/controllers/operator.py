@@ -209,10 +209,10 @@ class OperatorState:
             self.telemetry.predicted_ttft.labels(namespace, name).set(status.predicted.ttft_ms / 1000.0)
             self.telemetry.predicted_tpot.labels(namespace, name).set(status.predicted.tpot_ms / 1000.0)
         observed = status.observed
-        if observed is not None and observed.ttft_p95_ms is not None:
-            self.telemetry.observed_ttft.labels(namespace, name).set(observed.ttft_p95_ms / 1000.0)
-        if observed is not None and observed.tpot_p95_ms is not None:
-            self.telemetry.observed_tpot.labels(namespace, name).set(observed.tpot_p95_ms / 1000.0)
+        if observed is not None and observed.ttft_ms is not None:
+            self.telemetry.observed_ttft.labels(namespace, name).set(observed.ttft_ms / 1000.0)
+        if observed is not None and observed.tpot_ms is not None:
+            self.telemetry.observed_tpot.labels(namespace, name).set(observed.tpot_ms / 1000.0)
 
     def resync(self) -> None:
         """Reconcile every resource; with Prometheus configured, first fetch everyone's metrics in one pass.

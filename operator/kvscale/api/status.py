@@ -168,16 +168,6 @@ class ObservedStatus(StatusModel):
     tpot_p95_ms: Annotated[float | None, Field(ge=0, description=(
         "Deprecated: use tpotAtSloPercentileMs, which holds the same value. Observed time per output token at "
         "spec.slo.percentile (p95 only where that is 95), ms."))] = None
-
-    @property
-    def ttft_ms(self) -> float | None:
-        """TTFT at the SLO percentile, read from a status an older operator wrote too."""
-        return self.ttft_at_slo_percentile_ms if self.ttft_at_slo_percentile_ms is not None else self.ttft_p95_ms
-
-    @property
-    def tpot_ms(self) -> float | None:
-        """TPOT at the SLO percentile, read from a status an older operator wrote too."""
-        return self.tpot_at_slo_percentile_ms if self.tpot_at_slo_percentile_ms is not None else self.tpot_p95_ms
     requests_per_second: Annotated[
         float | None, Field(ge=0, description="Observed arrival rate over all replicas, requests/s.")
     ] = None
@@ -220,6 +210,16 @@ class ObservedStatus(StatusModel):
                           "neither calibration nor scaling uses them.")
     ] = None
     sampled_at: Annotated[Rfc3339, Field(description="When the metrics were sampled (RFC 3339).")]
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """TTFT at the SLO percentile, read from a status an older operator wrote too."""
+        return self.ttft_at_slo_percentile_ms if self.ttft_at_slo_percentile_ms is not None else self.ttft_p95_ms
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """TPOT at the SLO percentile, read from a status an older operator wrote too."""
+        return self.tpot_at_slo_percentile_ms if self.tpot_at_slo_percentile_ms is not None else self.tpot_p95_ms
 
 
 class CalibrationStatus(StatusModel):

@@ -358,6 +358,21 @@ def joint_reach(schedule: tuple[float, float], static: dict[str, Any], within_eq
                    "attainment)")
 
 
+def experiment_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments every experiment over these cases takes (docs/experiments): the fleet seed, parallel jobs
+    and a label filter; an experiment adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--seed", type=int, default=STARTUP_SEED, help="the fleet seed (server jitter)")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--only", default="", help="cases whose label contains this")
+    return parser
+
+
+def referenced_cases(only: str) -> list[int]:
+    """Indices into CASES of the cases with hindsight references whose label contains `only`."""
+    return [i for i, c in enumerate(CASES) if c.references and only in c.label]
+
+
 def _use_seed(seed: int) -> None:
     global CONFIG  # one run, one fleet configuration: every policy and hindsight search uses it
     CONFIG = replace(CONFIG, seed=seed, server_form=replace(CONFIG.server_form, seed=seed))

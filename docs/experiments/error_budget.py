@@ -26,7 +26,6 @@ simulator counted (both over the whole run): how far the signal can be trusted.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -96,13 +95,10 @@ def run_one(index: int, seed: int, gain: float | None) -> tuple[dict[str, Any], 
 def main() -> None:
     import autoscaling as bench
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.experiment_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--gain", type=float, nargs="+", default=[1.0, 2.0])
-    parser.add_argument("--seed", type=int, default=bench.STARTUP_SEED, help="the fleet seed (server jitter)")
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--only", default="", help="cases whose label contains this")
     args = parser.parse_args()
-    chosen = [i for i, c in enumerate(bench.CASES) if c.references and args.only in c.label]
+    chosen = bench.referenced_cases(args.only)
     gains: list[float | None] = [None, *args.gain]
     jobs = [(i, g) for i in chosen for g in gains]
     print(f"kvscale with its margins scaled by the error budget spent, fleet seed {args.seed} (command: "

@@ -31,7 +31,6 @@ share of misses costs against spending the 1% where misses are cheapest.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -132,12 +131,8 @@ def run_case(index: int, seed: int) -> str:
 def main() -> None:
     import autoscaling as bench
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=bench.STARTUP_SEED, help="the fleet seed (server jitter)")
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--only", default="", help="cases whose label contains this")
-    args = parser.parse_args()
-    chosen = [i for i, c in enumerate(bench.CASES) if c.references and args.only in c.label]
+    args = bench.experiment_arguments(__doc__.split("\n\n")[0]).parse_args()
+    chosen = bench.referenced_cases(args.only)
     print(f"reactive oracle vs the 5-min hindsight schedule at 99%, fleet seed {args.seed} "
           f"(command: .venv/bin/python docs/experiments/reactive_bound.py --seed {args.seed})")
     print("each oracle cell: its GPU-hours over the schedule's (its attainment, the per-minute miss share q, the hold)")

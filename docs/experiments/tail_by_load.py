@@ -18,7 +18,6 @@ gives them) and the weighted geometric mean of each ratio.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import sys
@@ -79,12 +78,8 @@ def weighted_geomean(pairs: list[tuple[float, float]]) -> float:
 def main() -> None:
     import autoscaling as bench
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=bench.STARTUP_SEED, help="the fleet seed (server jitter)")
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--only", default="", help="cases whose label contains this")
-    args = parser.parse_args()
-    chosen = [i for i, c in enumerate(bench.CASES) if c.references and args.only in c.label]
+    args = bench.experiment_arguments(__doc__.split("\n\n")[0]).parse_args()
+    chosen = bench.referenced_cases(args.only)
     print(f"observed over modelled SLO-percentile latency, by load (rate over the calibrated model's saturation rate), "
           f"fleet seed {args.seed} (command: .venv/bin/python docs/experiments/tail_by_load.py --seed {args.seed})")
     print("| set | case | load | windows | tail weight | TPOT ratio | TTFT ratio |")

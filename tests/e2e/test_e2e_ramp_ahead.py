@@ -36,6 +36,7 @@ START_RPS, PEAK_RPS = 1.0, 8.0
 # had nothing left to add.
 RAMP_S, HOLD_S = 300.0, 20.0
 RESTART_S = 150.0
+MAX_REPLICAS = 6  # a lane test asks for at most 6 one-GPU replicas (docs/testing.md)
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_replicas_are_ready_before_the_ramp_peaks_across_an_operator_restart(pod
     options: dict[str, Any] = {"scan_interval_s": SCAN_INTERVAL_S, "namespaces": (pods.namespace,),
                "prometheus_url": pods.prometheus.url}
     document = load_document(RESOURCE, name=name, changes={
-        "scaling.forecaster": "HoltWinters", "scaling.maxReplicas": 6,
+        "scaling.forecaster": "HoltWinters", "scaling.maxReplicas": MAX_REPLICAS,
         "serving.env": [{"name": "KVSCALE_BED_STARTUP_DELAY", "value": f"{DELAY_S}s"}]})
     schedule = ramp_schedule(pods)
     load = LoadGenerator(schedule, lambda: pods.sims.endpoints(name, pods.namespace), MODEL,
@@ -104,7 +105,13 @@ def test_replicas_are_ready_before_the_ramp_peaks_across_an_operator_restart(pod
     ready_at_peak = max(s.ready for s in rec.between(peak - 5, peak))
     assert ready_at_peak > initial, f"no replica added and Ready before the peak: {timeline}"
     later = [s.replicas for s in rec.between(restarted + 10, peak)]
-    assert later and max(later) > at_restart, f"the restarted operator did not carry on scaling up: {timeline}"
+    if at_restart < MAX_REPLICAS:
+        assert later and max(later) > at_restart, f"the restarted operator did not carry on scaling up: {timeline}"
+    else:
+        # The first operator's forecast saw the ramp early and reached maxReplicas before the restart (2 -> 6
+        # at 126 s in a CI run on 2026-11-30): carrying on is then holding the ceiling through the ramp, not
+        # starting over from fewer.
+        assert later and min(later) == MAX_REPLICAS, f"the restarted operator gave up the ramp's replicas: {timeline}"
     failed = [r.error for r in report.results if not r.ok]
     assert not failed, f"{len(failed)} of {len(report.results)} requests failed: {failed[:3]}"
     needed = sorted(s.replicas for s in rec.between(peak, peak + HOLD_S))

@@ -8,9 +8,12 @@ the true speed factors are 1), takes 15 minutes of Poisson arrivals with exponen
 (means 1155 and 211 tokens, the conversation trace's). For every window with no request waiting for a slot, it
 compares `estimate_at_observed_load(...).prefill_s` (at the window's mean batch, rate and mean lengths, the true
 model) with the window's observed mean prefill time (a prompt's first scheduled step to its first token, as vLLM's
-request_prefill_time_seconds), and prints the median ratio. Calibration moves the prefill factor until that ratio
-is 1; below 1 it learns a prefill slower than the servers'. Apply docs/experiments/2026-11-30-prefill-shared-step.diff
-to see the shared-step expectation.
+request_prefill_time_seconds), and prints the median ratio: for a shape known by its means only, and for the same
+means with the exponential lengths' tail (`RequestShape.with_assumed_tail` at p95; calibration's shapes carry a
+tail). Calibration moves the prefill factor until that ratio is 1; below 1 it learns a prefill slower than the
+servers'. Apply docs/experiments/2026-11-30-prefill-shared-step.diff (the thirty-first session's) or
+docs/experiments/2026-12-01-prefill-shared-steps-and-mix.diff (the thirty-second's) to see the shared-step
+expectations.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class Recording(StaticPolicy):
         return 1
 
 
-def median_ratio(rate_per_s: float) -> tuple[float, int]:
+def median_ratios(rate_per_s: float) -> tuple[float, float, int]:
     deployment = build_simulated_deployment(build_plan_inputs(load_resource(EXAMPLE).spec))
     deployment = replace(deployment, server_setup=replace(deployment.server_setup,
                                                           efficiency=deployment.setup.efficiency))
@@ -58,7 +61,7 @@ def median_ratio(rate_per_s: float) -> tuple[float, int]:
     policy = Recording()
     simulate(deployment, trace, policy, FleetConfig(tail_s=60.0))
     model = build_replica_model(deployment.setup)
-    ratios = []
+    ratios, tailed = [], []
     for window in policy.windows[8:-8]:  # past the first windows' fill, before the drain
         seen = window.observation
         if (not window.mean_prefill_s or not seen.request_rate or seen.waiting_requests
@@ -67,7 +70,10 @@ def median_ratio(rate_per_s: float) -> tuple[float, int]:
         shape = RequestShape(seen.mean_input_tokens, seen.mean_output_tokens)
         expected = estimate_at_observed_load(model, shape, seen.mean_running_requests, seen.request_rate)
         ratios.append(expected.prefill_s / window.mean_prefill_s)
-    return statistics.median(ratios), len(ratios)
+        with_tail = RequestShape.with_assumed_tail(seen.mean_input_tokens, seen.mean_output_tokens, 0.95)
+        tailed.append(estimate_at_observed_load(model, with_tail, seen.mean_running_requests,
+                                                seen.request_rate).prefill_s / window.mean_prefill_s)
+    return statistics.median(ratios), statistics.median(tailed), len(ratios)
 
 
 def main() -> None:
@@ -75,8 +81,9 @@ def main() -> None:
     print("expected over observed mean prefill time, one server that is the model (command: .venv/bin/python "
           f"docs/experiments/prefill_one_server.py {' '.join(f'{r:g}' for r in rates)})")
     for rate in rates:
-        ratio, windows = median_ratio(rate)
-        print(f"  {rate:g} req/s: median {ratio:.3f} over {windows} windows")
+        ratio, tailed, windows = median_ratios(rate)
+        print(f"  {rate:g} req/s: median {ratio:.3f} (means only), {tailed:.3f} (with the exponential tail) over "
+              f"{windows} windows")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import numpy as np
 from kvscale.api.spec import load_resource
 from kvscale.perfmodel import RequestShape, build_replica_model, estimate_at_observed_load
 from kvscale.planner import build_plan_inputs
-from kvscale.sim import FleetConfig, Trace, build_simulated_deployment, simulate
+from kvscale.sim import FleetConfig, SimulatedDeployment, Trace, build_simulated_deployment, simulate
 from kvscale.sim.observe import WindowStats
 from kvscale.sim.policies import FleetState, StaticPolicy
 
@@ -47,17 +47,26 @@ class Recording(StaticPolicy):
         return 1
 
 
-def median_ratios(rate_per_s: float) -> tuple[float, float, int]:
+def exact_deployment() -> SimulatedDeployment:
+    """One replica of the example whose servers are the planner's model (its efficiency and form)."""
     deployment = build_simulated_deployment(build_plan_inputs(load_resource(EXAMPLE).spec))
-    deployment = replace(deployment, server_setup=replace(deployment.server_setup,
-                                                          efficiency=deployment.setup.efficiency))
+    return replace(deployment, server_setup=replace(deployment.server_setup, efficiency=deployment.setup.efficiency))
+
+
+def poisson_trace(rate_per_s: float) -> Trace:
+    """15 minutes of Poisson arrivals with exponential lengths of the conversation trace's means."""
     rng = np.random.default_rng(7)
     count = int(rate_per_s * 900)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, count))
     inputs = np.maximum(rng.exponential(1155.0, count), 1.0).astype(np.int64)
     outputs = np.maximum(rng.exponential(211.0, count), 2.0).astype(np.int64)
-    trace = Trace(name="poisson", arrival_s=arrivals, input_tokens=inputs, output_tokens=outputs,
-                  duration_s=float(np.ceil(arrivals[-1])))
+    return Trace(name="poisson", arrival_s=arrivals, input_tokens=inputs, output_tokens=outputs,
+                 duration_s=float(np.ceil(arrivals[-1])))
+
+
+def median_ratios(rate_per_s: float) -> tuple[float, float, int]:
+    deployment = exact_deployment()
+    trace = poisson_trace(rate_per_s)
     policy = Recording()
     simulate(deployment, trace, policy, FleetConfig(tail_s=60.0))
     model = build_replica_model(deployment.setup)

@@ -17,18 +17,14 @@ beside the mean prompt's own step scaled by length, which a step linear in its t
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
+from prefill_one_server import exact_deployment, poisson_trace  # this folder: the same server and arrivals
 
-from kvscale.api.spec import load_resource
 from kvscale.perfmodel import build_replica_model
-from kvscale.planner import build_plan_inputs
-from kvscale.sim import FleetConfig, Trace, build_simulated_deployment, server, simulate
+from kvscale.sim import FleetConfig, server, simulate
 from kvscale.sim.policies import StaticPolicy
 
-EXAMPLE = Path("examples/llama-3.1-8b-l4.yaml")
 CLASSES = ((0, 300), (300, 1000), (1000, 2000), (2000, 4000), (4000, 10**9))
 
 
@@ -49,28 +45,19 @@ def record_steps(rate_per_s: float) -> tuple[dict[int, list[tuple[float, int, in
             own_rest = tokens if before[id(seq)][1] > 0 else 0
             steps.setdefault(seq.req, []).append((self.clock - started, total, in_progress - own_rest, seq.prompt))
 
+    trace = poisson_trace(rate_per_s)
     server.Replica._step = recorded  # type: ignore[method-assign]
     try:
-        deployment = build_simulated_deployment(build_plan_inputs(load_resource(EXAMPLE).spec))
-        deployment = replace(deployment, server_setup=replace(deployment.server_setup,
-                                                              efficiency=deployment.setup.efficiency))
-        rng = np.random.default_rng(7)
-        count = int(rate_per_s * 900)
-        arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, count))
-        prompts = np.maximum(rng.exponential(1155.0, count), 1.0).astype(np.int64)
-        outputs = np.maximum(rng.exponential(211.0, count), 2.0).astype(np.int64)
-        trace = Trace(name="poisson", arrival_s=arrivals, input_tokens=prompts, output_tokens=outputs,
-                      duration_s=float(np.ceil(arrivals[-1])))
-        simulate(deployment, trace, StaticPolicy(1), FleetConfig(tail_s=60.0))
+        simulate(exact_deployment(), trace, StaticPolicy(1), FleetConfig(tail_s=60.0))
     finally:
         server.Replica._step = original  # type: ignore[method-assign]
-    return steps, arrivals, prompts
+    return steps, trace.arrival_s, trace.input_tokens
 
 
 def main() -> None:
     rates = [float(r) for r in sys.argv[1:]] or [1.0, 2.0]
     print(f"command: .venv/bin/python docs/experiments/prefill_step_sharing.py {' '.join(f'{r:g}' for r in rates)}")
-    model = build_replica_model(build_simulated_deployment(build_plan_inputs(load_resource(EXAMPLE).spec)).setup)
+    model = build_replica_model(exact_deployment().setup)
     for rate in rates:
         steps, arrivals, _ = record_steps(rate)
         kept = [r for r in steps if 60.0 < arrivals[r] < arrivals[-1] - 60.0]

@@ -20,8 +20,9 @@ the fewest requests in flight, and `--poisson-arrivals` replaces the trace's arr
 ones over its span (its lengths kept, in order): the two ways the fleet differs from the one-replica,
 Poisson-arrival model beyond the servers' speed.
 
-To see the shared-step expectation (docs/benchmarks.md, thirty-first session), apply
-docs/experiments/2026-11-30-prefill-shared-step.diff and run it again.
+Since the thirty-third session the expectation is the shared-steps one (docs/benchmarks.md): the thirty-second
+session's diff, docs/experiments/2026-12-01-prefill-shared-steps-and-mix.diff, landed; its "as shipped" figures
+come from the commit before it (56ec658).
 """
 
 from __future__ import annotations

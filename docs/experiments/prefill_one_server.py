@@ -11,9 +11,9 @@ model) with the window's observed mean prefill time (a prompt's first scheduled 
 request_prefill_time_seconds), and prints the median ratio: for a shape known by its means only, and for the same
 means with the exponential lengths' tail (`RequestShape.with_assumed_tail` at p95; calibration's shapes carry a
 tail). Calibration moves the prefill factor until that ratio is 1; below 1 it learns a prefill slower than the
-servers'. Apply docs/experiments/2026-11-30-prefill-shared-step.diff (the thirty-first session's) or
-docs/experiments/2026-12-01-prefill-shared-steps-and-mix.diff (the thirty-second's) to see the shared-step
-expectations.
+servers'. The thirty-second session's expectation (docs/experiments/2026-12-01-prefill-shared-steps-and-mix.diff)
+landed in the thirty-third; run it at 56ec658 for the one before, or apply
+docs/experiments/2026-11-30-prefill-shared-step.diff there for the thirty-first session's.
 """
 
 from __future__ import annotations

@@ -13,7 +13,14 @@ import pytest
 
 from kvscale.api.spec import Precision
 from kvscale.catalog import find_gpu, resolve_architecture
-from kvscale.perfmodel import RequestShape, ServingSetup, build_replica_model, estimate_at_concurrency, estimate_at_rate
+from kvscale.perfmodel import (
+    RequestShape,
+    ServingSetup,
+    build_replica_model,
+    estimate_at_concurrency,
+    estimate_at_rate,
+    estimate_goodput,
+)
 from kvscale.perfmodel.distributions import (
     gamma_sf,
     lognormal_strata,
@@ -177,6 +184,28 @@ def test_open_loop_latencies_rise_with_the_arrival_rate() -> None:
     for series in (at.ttft_mean_s, at.ttft_quantile_s, at.tpot_mean_s, at.tpot_quantile_s):
         assert np.all(np.diff(series) > 0)
     assert np.all(at.tpot_quantile_s > at.tpot_mean_s)
+
+
+def test_bursty_arrivals_lengthen_the_prefill_wait_by_kingmans_factor() -> None:
+    model = _model()
+    shape = RequestShape.with_assumed_tail(4096, 64, 0.95)  # long prompts: the prefill queue sets the TTFT
+    rates = np.array([1.0, 3.0, 6.0])  # saturation: 7.8 req/s
+    poisson = estimate_at_rate(model, shape, rates, 256.0, 0.99)
+    assert np.all(poisson.stable)
+    np.testing.assert_array_equal(estimate_at_rate(model, shape, rates, 256.0, 0.99, arrival_scv=1.0).ttft_quantile_s,
+                                  poisson.ttft_quantile_s)
+    twice, thrice = (estimate_at_rate(model, shape, rates, 256.0, 0.99, arrival_scv=scv) for scv in (2.0, 3.0))
+    added = thrice.prefill_wait_mean_s - poisson.prefill_wait_mean_s
+    # Only the queue's wait grows, (c_a^2 - 1) / (1 + c_s^2) times the M/G/1 wait: linearly in c_a^2, at most
+    # (c_a^2 - 1) times the Poisson wait, and more the busier the queue.
+    np.testing.assert_allclose(twice.prefill_wait_mean_s - poisson.prefill_wait_mean_s, added / 2.0, rtol=1e-9)
+    assert np.all(added > 0.0) and np.all(added <= 2.0 * poisson.prefill_wait_mean_s)
+    assert np.all(np.diff(added) > 0.0) and np.all(thrice.ttft_quantile_s > poisson.ttft_quantile_s)
+    np.testing.assert_array_equal(thrice.decode_step_s, poisson.decode_step_s)
+    # A lower goodput where the TTFT binds.
+    goodputs = [float(estimate_goodput(model, shape, [256.0], 1.0, 0.1, 0.99, scv).request_rate[0])
+                for scv in (1.0, 1.25, 2.0)]
+    assert goodputs[0] > goodputs[1] > goodputs[2] > 0.0
 
 
 def test_short_outputs_widen_the_tpot_tail() -> None:

@@ -82,6 +82,25 @@ def test_replicas_match_demand_over_goodput_with_headroom() -> None:
     assert "calibrated goodput" in decision.reason and "scale up 1 -> 4" in decision.reason
 
 
+def test_replicas_are_sized_for_the_stated_arrival_burstiness() -> None:
+    assert _context().spec.scaling.arrival_burstiness == 1.25
+    # 4,096-token prompts: the TTFT binds, and burstier arrivals lower the goodput.
+    spec = _context().spec
+    long_prompts = _with_assumed_tail(RequestShape(4096, 256), spec)
+    poisson, default, bursty = (replica_goodput(_context(arrival_burstiness=b), long_prompts) for b in (1.0, 1.25, 4.0))
+    assert poisson > default > bursty > 0.0
+    # 1,024-token prompts: the TPOT binds, and the default changes nothing.
+    short_prompts = _with_assumed_tail(RequestShape(1024, 256), spec)
+    assert replica_goodput(_context(arrival_burstiness=1.0), short_prompts) == replica_goodput(_context(),
+                                                                                               short_prompts)
+    # decide() sizes on that goodput: the demand of 3.5 Poisson replicas asks for more at the default.
+    load = replace(_load(3.5 * poisson), mean_input_tokens=4096)
+    decision = decide(load, _context(current=1), ScalingHistory(), NOW)
+    assert decision.desired_replicas == math.ceil(3.5 * poisson * 1.1 / default) > math.ceil(3.5 * 1.1)
+    assert decide(load, _context(current=1, arrival_burstiness=1.0), ScalingHistory(), NOW).desired_replicas \
+        == math.ceil(3.5 * 1.1)
+
+
 def test_a_replica_goes_only_when_the_fewer_left_run_below_the_scale_down_tolerance() -> None:
     # 4 replicas; a demand worth 2.8 replicas (with headroom): 3 would carry it at 93% of their goodput.
     context = _context(current=4, scale_down_stabilization_seconds=0)

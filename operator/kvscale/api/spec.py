@@ -296,6 +296,13 @@ class ScalingSection(ApiModel):
     headroom: Annotated[
         float, Field(ge=0, le=1, description="Spare capacity kept above demand, as a fraction (0.2 = 20%).")
     ] = 0.1
+    arrival_burstiness: Annotated[
+        float, Field(ge=1, le=100, description="Replicas are sized for arrivals this bursty: the squared "
+                     "coefficient of variation of the gaps between requests (1: Poisson). Bursts lengthen the "
+                     "prefill queue, and so the TTFT, by Kingman's GI/G/1 factor; a deployment its TPOT binds "
+                     "barely feels it. The default is tuned on the autoscaling benchmark's tuning cases "
+                     "(docs/benchmarks.md).")
+    ] = 1.25
     scale_down_tolerance: Annotated[
         float, Field(ge=0, le=0.5, description="A replica goes only when the fewer left would carry the demand "
                      "(with headroom) below (1 - this) of their goodput: Kubernetes HPA's default tolerance, so that "

@@ -354,11 +354,13 @@ def replica_goodput(context: ReplicaContext, shape: RequestShape, model: Replica
     slots = np.array([replica_slots(context, shape)], dtype=np.float64)
     ttft_s = ms_to_s(slo.ttft_ms) / calibration.ttft_tail_factor
     tpot_s = ms_to_s(slo.tpot_ms) / calibration.tpot_tail_factor
-    goodput = float(estimate_goodput(model, shape, slots, ttft_s, tpot_s, slo.percentile / 100.0).request_rate[0])
+    burstiness = context.spec.scaling.arrival_burstiness
+    goodput = float(estimate_goodput(model, shape, slots, ttft_s, tpot_s, slo.percentile / 100.0, burstiness)
+                    .request_rate[0])
     if goodput <= 0.0 and shape.input_tokens_tail is not None:
         # The longest prompts alone miss the TTFT SLO: no replica count fixes those, so size for the rest.
         untailed = replace(shape, input_tokens_tail=None)
-        goodput = float(estimate_goodput(model, untailed, slots, ttft_s, tpot_s, slo.percentile / 100.0)
+        goodput = float(estimate_goodput(model, untailed, slots, ttft_s, tpot_s, slo.percentile / 100.0, burstiness)
                         .request_rate[0])
     return goodput
 

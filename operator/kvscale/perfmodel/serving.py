@@ -6,8 +6,9 @@ prompts queue behind each other and slow the decodes they share steps with. Two 
 load, as the benchmark tools do: a closed loop (`estimate_at_concurrency`: C clients, the next
 request when one ends) and an open loop (`estimate_at_rate`: Poisson arrivals). Arrivals wait for a
 free slot (M/M/c over the slots), then for the prompt work ahead of them (an M/G/1 queue on prompt
-tokens); the latency percentiles are taken over the mix of prompt and output lengths
-(kvscale.perfmodel.latency), and prefix-cached prompt tokens are neither computed nor held twice.
+tokens; arrivals burstier than Poisson wait longer by Kingman's GI/G/1 factor); the latency
+percentiles are taken over the mix of prompt and output lengths (kvscale.perfmodel.latency), and
+prefix-cached prompt tokens are neither computed nor held twice.
 The planner and the autoscaler's goodput both go through `estimate_goodput`, the open loop.
 All functions broadcast over numpy arrays.
 """
@@ -205,6 +206,47 @@ def _own_prefill_s(shape: RequestShape, chunk: Array, chunk_step: Array) -> Arra
     """A mean prompt's own prefill: its chunks, at least one step; the last partial chunk is charged
     in proportion, which keeps latency continuous as the batch takes room from the token budget."""
     return np.maximum(1.0, shape.computed_input_tokens / chunk) * chunk_step
+
+
+def _length_biased_step_s(mean_s: Array, fraction: Array, chunk_step_s: Array, decode_s: Array) -> Array:
+    """The mean length of the step a request arrives during: a long step is more likely to be the one in
+    progress (E[d²] / E[d] over chunk and decode-only steps)."""
+    return (fraction * chunk_step_s ** 2 + (1.0 - fraction) * decode_s ** 2) / mean_s
+
+
+def _shared_prefill_s(model: ReplicaModel, shape: RequestShape, running: Array, room: Array, rate: float,
+                      step_in_progress_s: Array) -> Array:
+    """Mean of vLLM's prefill time (a prompt's first scheduled step to its first token) over the prompt mix.
+
+    A step ends for everything it carries. Besides its own tokens, a prompt's first step carries the prompts
+    that arrived at `rate` during the step in progress when it did (`step_in_progress_s` long) and the
+    rest of any longer prompt that step left unfinished: those are scheduled first. So a prompt's chunks
+    carry its own tokens and theirs, in full steps of the room the decodes leave and a last one of what
+    remains, each a whole step however few tokens it holds. Averaged per prompt length, since a step's time
+    is convex in its tokens (a few hide under the decode's weight reads)."""
+    lengths, weights = prompt_strata(shape)
+    computed = computed_prompt_tokens(shape, lengths)
+    attention = prompt_attention_tokens(shape)
+    full_room = room[..., None]
+    ctx = shape.mean_context_tokens
+    batch = running[..., None]
+    arrived = rate * step_in_progress_s[..., None] * shape.computed_input_tokens
+    full_step = model.step_s(batch, ctx, full_room, full_room * attention, full_room / shape.computed_input_tokens)
+    # What a step in progress leaves unfinished: per second, rate x E[spill] prompt tokens pass through full steps
+    # (a prompt's work beyond the room), so a prompt arrives during one with probability rate x E[spill] / room x
+    # full step, and finds up to a room of it left. The spill grows with what is left; two rounds settle it.
+    unfinished = np.zeros_like(arrived)
+    for _ in range(2):
+        spill = np.sum(np.maximum(computed + arrived + unfinished - full_room, 0.0) * weights, axis=-1, keepdims=True)
+        unfinished = np.minimum(rate * full_step * spill, full_room)
+    others = arrived + unfinished
+    work = computed + others
+    per_token_pairs = (computed * (lengths - computed / 2.0) + others * attention) / work
+    full_steps = np.floor(work / full_room)
+    rest = work - full_steps * full_room
+    rest_step = model.step_s(batch, ctx, rest, rest * per_token_pairs, np.minimum(rest / computed, rest))
+    by_length = full_steps * full_step + np.where(rest > 0.0, rest_step, 0.0)
+    return np.asarray(np.sum(by_length * weights, axis=-1))
 
 
 @dataclass(frozen=True)
@@ -490,7 +532,8 @@ def estimate_at_observed_load(model: ReplicaModel, shape: RequestShape, running:
         mean = updated
         if converged:
             break
-    prefill = _own_prefill_s(shape, chunk, chunk_step)
+    prefill = _shared_prefill_s(model, shape, batch, room, rate,
+                                _length_biased_step_s(mean, fraction, chunk_step, decode))
     return ObservedLoadEstimate(tpot_mean_s=float(mean[0]), prefill_s=float(prefill[0]),
                                 decode_share=float(decode[0] / mean[0]))
 
@@ -525,9 +568,10 @@ def _saturated_rate(model: ReplicaModel, shape: RequestShape, slots: Array) -> A
 
 
 def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: ArrayLike, slots: ArrayLike,
-                     quantile: float = 0.95) -> LoadEstimate:
+                     quantile: float = 0.95, arrival_scv: float = 1.0) -> LoadEstimate:
     """Open loop: Poisson arrivals at `request_rate` into a replica with `slots` concurrent sequences
-    (`vllm bench serve --request-rate`)."""
+    (`vllm bench serve --request-rate`). `arrival_scv` > 1: burstier arrivals (the squared coefficient
+    of variation of the gaps between them), whose prefill queue waits longer (Kingman's GI/G/1 factor)."""
     rate = np.asarray(request_rate, dtype=np.float64)
     cap = np.maximum(np.asarray(slots, dtype=np.float64), 1.0)
     rate, cap = np.broadcast_arrays(rate, cap)
@@ -557,6 +601,10 @@ def estimate_at_rate(model: ReplicaModel, shape: RequestShape, request_rate: Arr
     slot_wait_mean = mmc_wait_mean_s(cap, rate, service_full_s)
     work_mean, work_second = steps.prompt_work_moments_s
     rho, wait = mg1_wait(rate, work_mean, work_second)
+    if arrival_scv != 1.0:
+        # GI/G/1 (Kingman): the M/G/1 wait times (c_a^2 + c_s^2) / (1 + c_s^2).
+        service_scv = np.maximum(work_second / np.maximum(work_mean, 1e-12) ** 2 - 1.0, 0.0)
+        wait = wait * (arrival_scv + service_scv) / (1.0 + service_scv)
     # An arrival that finds no prompt work ahead still waits out the decode step in progress (the
     # prompt work in progress is the queue's): busy share x decode-only share x half that step.
     busy = np.clip(rate * in_batch_s, 0.0, 1.0)
@@ -611,24 +659,25 @@ def _last_compliant(rates: Array, estimate: LoadEstimate, ttft_slo_s: float, tpo
 
 
 def estimate_goodput(model: ReplicaModel, shape: RequestShape, slots: ArrayLike, ttft_slo_s: float,
-                     tpot_slo_s: float, quantile: float = 0.95) -> Goodput:
+                     tpot_slo_s: float, quantile: float = 0.95, arrival_scv: float = 1.0) -> Goodput:
     """Goodput of a replica for each entry of `slots`: a coarse grid over fractions of saturation,
-    then a fine grid between the last compliant and the first violating rate (latencies grow with load)."""
+    then a fine grid between the last compliant and the first violating rate (latencies grow with load).
+    `arrival_scv`: as estimate_at_rate's (1: Poisson)."""
     cap = np.atleast_1d(np.maximum(np.asarray(slots, dtype=np.float64), 1.0))
     rows = np.arange(cap.size)
     saturation = max_request_rate(model, shape, cap)
     coarse = saturation[:, None] * _COARSE_GRID[None, :]
-    ok, first_bad = _last_compliant(coarse, estimate_at_rate(model, shape, coarse, cap[:, None], quantile),
-                                    ttft_slo_s, tpot_slo_s)
+    coarse_est = estimate_at_rate(model, shape, coarse, cap[:, None], quantile, arrival_scv)
+    ok, first_bad = _last_compliant(coarse, coarse_est, ttft_slo_s, tpot_slo_s)
     feasible = first_bad > 0
     low = coarse[rows, np.maximum(first_bad - 1, 0)]
     high = np.where(first_bad < coarse.shape[1], coarse[rows, np.minimum(first_bad, coarse.shape[1] - 1)],
                     saturation * 0.9999)
     fine = low[:, None] + (high - low)[:, None] * np.linspace(0.0, 1.0, _FINE_STEPS)[None, :]
-    fine_est = estimate_at_rate(model, shape, fine, cap[:, None], quantile)
+    fine_est = estimate_at_rate(model, shape, fine, cap[:, None], quantile, arrival_scv)
     fine_ok, fine_bad = _last_compliant(fine, fine_est, ttft_slo_s, tpot_slo_s)
     best_rate = np.where(feasible, fine[rows, np.maximum(fine_bad - 1, 0)], 0.0)
-    at = estimate_at_rate(model, shape, np.maximum(best_rate, 1e-9), cap, quantile)
+    at = estimate_at_rate(model, shape, np.maximum(best_rate, 1e-9), cap, quantile, arrival_scv)
     violation = (rows, np.minimum(fine_bad, _FINE_STEPS - 1))
     tpot_bad = fine_est.tpot_quantile_s[violation] > tpot_slo_s
     ttft_bad = fine_est.ttft_quantile_s[violation] > ttft_slo_s

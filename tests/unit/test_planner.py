@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvscale.api.spec import LLMDeploymentSpec, load_resource
+from kvscale.autoscaler import ReplicaContext
+from kvscale.autoscaler.policy import replica_goodput
 from kvscale.perfmodel import RequestShape, build_replica_model, estimate_goodput
 from kvscale.perfmodel.serving import concurrency_limit
 from kvscale.planner import build_plan_inputs, plan_deployment
@@ -181,10 +183,38 @@ def test_the_plan_assumes_exponential_prompt_lengths_for_the_ttft_percentile() -
     alike = replace(tailed, input_tokens_tail=None)
     slots = concurrency_limit(tailed, np.array([float(chosen.max_num_seqs)]), np.array([float(chosen.kv_cache_tokens)]))
     def goodput(shape: RequestShape) -> float:
-        return float(estimate_goodput(model, shape, slots, 0.8, 0.05, 0.99).request_rate[0])
+        return float(estimate_goodput(model, shape, slots, 0.8, 0.05, 0.99, tight.scaling.arrival_burstiness)
+                     .request_rate[0])
     # (the planner evaluates all batch caps at once; its fixed point stops when the slowest converges)
     assert chosen.goodput_requests_per_s == pytest.approx(goodput(tailed), rel=1e-3)
     assert goodput(tailed) < goodput(alike)
+
+
+def test_the_plan_sizes_replicas_as_the_autoscaler_does_for_the_stated_arrival_burstiness() -> None:
+    # A TTFT-bound deployment (long prompts, a tight TTFT): the plan's goodput per replica is the one the
+    # autoscaler sizes the stated load for, burstiness included, so the plan's replicas are its floor's.
+    def planned(burstiness: float) -> tuple[int, float, float]:
+        spec = _spec(**{"slo.percentile": 99, "slo.ttftMs": 800, "slo.tpotMs": 100, "workload.inputTokens": 2000,
+                        "workload.requestsPerSecond": 20, "scaling.maxReplicas": 100,
+                        "scaling.arrivalBurstiness": burstiness})
+        inputs = build_plan_inputs(spec)
+        plan = plan_deployment(inputs)
+        chosen = plan.chosen
+        assert chosen is not None and chosen.binding == "ttft"
+        context = ReplicaContext(spec=spec, setup=chosen_setup(inputs, chosen), max_num_seqs=chosen.max_num_seqs,
+                                 kv_cache_tokens=chosen.kv_cache_tokens, current_replicas=chosen.replicas,
+                                 ready_replicas=chosen.replicas, free_replica_slots=None)
+        autoscaler = replica_goodput(context, planned_shape(spec))
+        said = f"for arrivals {burstiness:g}x as variable as Poisson's (scaling.arrivalBurstiness)"
+        assert (said in plan.explanation) == (burstiness != 1.0)
+        return chosen.replicas, chosen.goodput_requests_per_s, autoscaler
+
+    poisson, default, bursty = planned(1.0), planned(1.25), planned(2.0)
+    for replicas, plan_goodput, autoscaler_goodput in (poisson, default, bursty):
+        assert plan_goodput == pytest.approx(autoscaler_goodput, rel=1e-3)
+        assert replicas == math.ceil(20 * 1.1 / plan_goodput)
+    assert poisson[1] > default[1] > bursty[1]
+    assert bursty[0] > poisson[0]
 
 
 def test_the_batch_cap_is_the_smallest_within_a_tie_of_the_best_goodput() -> None:

@@ -82,22 +82,28 @@ def test_replicas_match_demand_over_goodput_with_headroom() -> None:
     assert "calibrated goodput" in decision.reason and "scale up 1 -> 4" in decision.reason
 
 
+def _with_burstiness(context: ReplicaContext, burstiness: float) -> ReplicaContext:
+    """The same replicas, sized for arrivals this bursty."""
+    scaling = context.spec.scaling.model_copy(update={"arrival_burstiness": burstiness})
+    return replace(context, spec=context.spec.model_copy(update={"scaling": scaling}))
+
+
 def test_replicas_are_sized_for_the_stated_arrival_burstiness() -> None:
     assert _context().spec.scaling.arrival_burstiness == 1.25
     # 4,096-token prompts: the TTFT binds, and burstier arrivals lower the goodput.
-    spec = _context().spec
-    long_prompts = _with_assumed_tail(RequestShape(4096, 256), spec)
-    poisson, default, bursty = (replica_goodput(_context(arrival_burstiness=b), long_prompts) for b in (1.0, 1.25, 4.0))
+    context = _context(current=1)
+    long_prompts = _with_assumed_tail(RequestShape(4096, 256), context.spec)
+    poisson, default, bursty = (replica_goodput(_with_burstiness(context, b), long_prompts) for b in (1.0, 1.25, 4.0))
     assert poisson > default > bursty > 0.0
-    # 1,024-token prompts: the TPOT binds, and the default changes nothing.
-    short_prompts = _with_assumed_tail(RequestShape(1024, 256), spec)
-    assert replica_goodput(_context(arrival_burstiness=1.0), short_prompts) == replica_goodput(_context(),
-                                                                                               short_prompts)
+    # 1,024-token prompts: the TPOT binds, and the default changes little.
+    short_prompts = _with_assumed_tail(RequestShape(1024, 256), context.spec)
+    assert replica_goodput(_with_burstiness(context, 1.0), short_prompts) == pytest.approx(
+        replica_goodput(context, short_prompts), rel=0.02)
     # decide() sizes on that goodput: the demand of 3.5 Poisson replicas asks for more at the default.
     load = replace(_load(3.5 * poisson), mean_input_tokens=4096)
-    decision = decide(load, _context(current=1), ScalingHistory(), NOW)
+    decision = decide(load, context, ScalingHistory(), NOW)
     assert decision.desired_replicas == math.ceil(3.5 * poisson * 1.1 / default) > math.ceil(3.5 * 1.1)
-    assert decide(load, _context(current=1, arrival_burstiness=1.0), ScalingHistory(), NOW).desired_replicas \
+    assert decide(load, _with_burstiness(context, 1.0), ScalingHistory(), NOW).desired_replicas \
         == math.ceil(3.5 * 1.1)
 
 
@@ -172,6 +178,12 @@ def test_scale_down_steps_are_paced_in_time_not_per_decision() -> None:
     assert decide(_load(40 * _goodput(context)), after, first.history, NOW + 15).action == "scale-up"
     unpaced = replace(after, spec=_context(scale_down_stabilization_seconds=300, scale_down_period_seconds=0).spec)
     assert decide(_load(0.1), unpaced, first.history, NOW + 15).action == "scale-down"
+    # A stated load that keeps fewer replicas than the pace does: the pace is what holds the fleet.
+    stated = after.spec.model_copy(update={"workload": after.spec.workload.model_copy(
+        update={"requests_per_second": 2.5 * _goodput(context) / 1.1})})
+    floored = decide(_load(0.1), replace(after, spec=stated), first.history, NOW + 60)
+    assert floored.action == "hold" and floored.binding == "pace"
+    assert "keeps 3 replica(s)" in floored.reason
 
 
 def test_where_no_load_meets_the_slos_the_fleet_still_follows_the_load() -> None:

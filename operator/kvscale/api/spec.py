@@ -297,10 +297,10 @@ class ScalingSection(ApiModel):
         float, Field(ge=0, le=1, description="Spare capacity kept above demand, as a fraction (0.2 = 20%).")
     ] = 0.1
     arrival_burstiness: Annotated[
-        float, Field(ge=1, le=100, description="Replicas are sized for arrivals this bursty: the squared "
-                     "coefficient of variation of the gaps between requests (1: Poisson). Bursts lengthen the "
-                     "prefill queue, and so the TTFT, by Kingman's GI/G/1 factor; a deployment its TPOT binds "
-                     "barely feels it. The default is tuned on the autoscaling benchmark's tuning cases "
+        float, Field(ge=1, le=100, description="The plan and the autoscaler size replicas for arrivals this "
+                     "bursty: the squared coefficient of variation of the gaps between requests (1: Poisson). Bursts "
+                     "lengthen the prefill queue, and so the TTFT, by Kingman's GI/G/1 factor; a deployment its TPOT "
+                     "binds barely feels it. The default is tuned on the autoscaling benchmark's tuning cases "
                      "(docs/benchmarks.md).")
     ] = 1.25
     scale_down_tolerance: Annotated[

@@ -815,6 +815,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
                 desired, held_for_statement = min(current, stated[0]), True
                 reasons.append(stated[1])
         desired = max(desired, current - max(1, math.floor(current * MAX_SCALE_DOWN_FRACTION)))
+        unpaced = desired  # what binds is what holds the fleet before the pace does
         # One step per scaleDownPeriodSeconds: a fleet a burst raised leaves over minutes once the window lets
         # it, not within the minute after (on the tuning cases, spikes and surges returning within minutes).
         period_s = spec.scaling.scale_down_period_seconds
@@ -828,7 +829,7 @@ def decide(observation: Observation | None, context: ReplicaContext, history: Sc
             binding = "trend"
         elif patterned:
             binding = "pattern"
-        elif held_for_statement and desired == current:
+        elif held_for_statement and unpaced == current:
             binding = "stated-load"
         elif paced:
             binding = "pace"

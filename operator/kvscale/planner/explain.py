@@ -106,6 +106,14 @@ def _why_nodes(chosen: Candidate, runners_up: Sequence[Candidate], rejected: Seq
         "best).", "Best replica over several nodes", "; pipeline parallel adds memory, not speed per token")
 
 
+def _burstiness_words(spec: LLMDeploymentSpec, chosen: Candidate) -> str:
+    """Where the TTFT binds, the arrivals the goodput is for: their burstiness lengthens its prefill queue."""
+    burstiness = spec.scaling.arrival_burstiness
+    if chosen.binding != "ttft" or burstiness == 1.0:
+        return ""
+    return f" for arrivals {burstiness:g}x as variable as Poisson's (scaling.arrivalBurstiness)"
+
+
 def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
                      runners_up: Sequence[Candidate], rejected: Sequence[Candidate]) -> str:
     p = f"p{spec.slo.percentile:g}"
@@ -116,7 +124,7 @@ def explain_feasible(spec: LLMDeploymentSpec, chosen: Candidate, binding: str,
         f"{_load_words(spec)} at {_money(chosen.cost_per_hour)}.",
         f"Each replica sustains {chosen.goodput_requests_per_s:.2f} req/s "
         f"({chosen.goodput_output_tokens_per_s:,.0f} output tok/s) before "
-        f"{_BINDING_WORDS.get(chosen.binding, chosen.binding)}; "
+        f"{_BINDING_WORDS.get(chosen.binding, chosen.binding)}{_burstiness_words(spec, chosen)}; "
         f"{chosen.tokens_per_dollar:,.0f} SLO-compliant tokens per dollar.",
     ]
     if predicted is not None:

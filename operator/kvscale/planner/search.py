@@ -242,7 +242,11 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 
 
     kv_tokens = np.array([c.tokens for c in capacities], dtype=np.float64)
     slots = concurrency_limit(shape, np.array(batches, dtype=np.float64) * dp, kv_tokens)
-    goodput = estimate_goodput(model, shape, slots, ms_to_s(spec.slo.ttft_ms), ms_to_s(spec.slo.tpot_ms), quantile)
+    # Sized for the arrivals the autoscaler sizes for (scaling.arrivalBurstiness), so that the plan's replicas and
+    # the autoscaler's floor for the stated load agree; a trickle is the same at any burstiness.
+    burstiness = spec.scaling.arrival_burstiness
+    goodput = estimate_goodput(model, shape, slots, ms_to_s(spec.slo.ttft_ms), ms_to_s(spec.slo.tpot_ms), quantile,
+                               burstiness)
     trickle = estimate_at_rate(model, shape, np.full(len(batches), 1e-6), slots, quantile)
     best_tpot_ms = s_to_ms(float(np.min(trickle.tpot_quantile_s)))
     best_ttft_ms = s_to_ms(float(np.min(trickle.ttft_quantile_s)))
@@ -260,7 +264,7 @@ def _evaluate(inputs: PlanInputs, gpu: GpuSpec, tp: int, pp: int = 1, dp: int = 
         binding = "memory" if slots[i] < batches[i] else "throughput"
     replicas = _replicas_for(spec, rate)
     load_rate = spec.workload.requests_per_second / replicas if replicas else 0.0
-    at_load = estimate_at_rate(model, shape, max(load_rate, 1e-6), slots[i], quantile)
+    at_load = estimate_at_rate(model, shape, max(load_rate, 1e-6), slots[i], quantile, burstiness)
     fleet_tokens = spec.workload.requests_per_second * shape.output_tokens
     gpus_total = replicas * per_replica
     predicted = Predicted(

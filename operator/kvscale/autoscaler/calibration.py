@@ -18,7 +18,8 @@ them, and an overload's latencies are where the model's form is furthest from th
 which requests queued for a slot leave the prefill speed alone: each prompt's prefill time there shares
 the token budget with a backlog's prompts, which the finished rate does not show.
 A percentile teaches the tails in proportion to the requests the window held beyond it: a quiet
-window's p99 over a handful of requests is about their maximum, far below the true percentile.
+window's p99 over a handful of requests is about their maximum, far below the true percentile. The TTFT's,
+which a few rare requests set, asks for ten times the evidence the TPOT's does.
 Every factor is bounded (one odd sample never swings the model past the bounds) and smoothed in log
 space (a step change is followed within a few cycles without chasing noise).
 """
@@ -59,6 +60,12 @@ MIN_DECODE_SHARE_FOR_FIT = 0.5
 # A window's percentile updates a tail factor with full weight (SMOOTHING) once the window holds this many
 # requests beyond the percentile in expectation (100 requests for a p99), in proportion below that.
 TAIL_EVIDENCE_REQUESTS = 1.0
+# The TTFT's percentile asks for ten. A few rare requests set it (the longest prompts, meeting a wait), so one
+# window's p99 over a hundred requests is about their largest TTFT; at full weight per hundred the TTFT tail
+# factor swung between 0.91 and 1.41 on a recurring pattern and the goodput of a TTFT-bound replica with it,
+# 0.38-2.04 req/s. A per-request TPOT averages many steps, and its percentile keeps the rule above. Chosen on
+# the tuning cases of benchmarks/autoscaling.py (1, 3, 10, 30; docs/benchmarks.md).
+TTFT_TAIL_EVIDENCE_REQUESTS = 10.0
 
 
 @dataclass(frozen=True)
@@ -96,13 +103,12 @@ class CalibrationSample:
     # Finished requests (all replicas) the window's percentiles are over; None: unknown (full weight).
     window_requests: float | None = None
 
-    @property
-    def tail_weight(self) -> float:
-        """The share of SMOOTHING this window's percentiles carry (TAIL_EVIDENCE_REQUESTS)."""
+    def tail_weight(self, evidence_requests: float = TAIL_EVIDENCE_REQUESTS) -> float:
+        """The share of SMOOTHING this window's percentile carries: full from `evidence_requests` beyond it."""
         if self.window_requests is None:
             return 1.0
         beyond = self.window_requests * (1.0 - self.quantile)
-        return min(max(beyond / TAIL_EVIDENCE_REQUESTS, 0.0), 1.0)
+        return min(max(beyond / evidence_requests, 0.0), 1.0)
 
 
 @dataclass(frozen=True)
@@ -234,10 +240,10 @@ def calibrate(previous: Calibration, setup: ServingSetup, sample: CalibrationSam
         at = estimate_at_rate(calibrated, sample.shape, rate, sample.slots, sample.quantile)
         if sample.tpot_quantile_s and bool(at.stable) and float(at.tpot_quantile_s) > 0:
             tpot_tail = _smoothed(previous.tpot_tail_factor, sample.tpot_quantile_s / float(at.tpot_quantile_s),
-                                  first, TAIL_BOUNDS, sample.tail_weight)
+                                  first, TAIL_BOUNDS, sample.tail_weight())
         if sample.ttft_quantile_s and bool(at.stable) and float(at.ttft_quantile_s) > 0:
             ttft_tail = _smoothed(previous.ttft_tail_factor, sample.ttft_quantile_s / float(at.ttft_quantile_s),
-                                  first, TAIL_BOUNDS, sample.tail_weight)
+                                  first, TAIL_BOUNDS, sample.tail_weight(TTFT_TAIL_EVIDENCE_REQUESTS))
     return _with_shape(replace(
         previous, decode_factor=decode, prefill_factor=prefill, tpot_tail_factor=tpot_tail,
         ttft_tail_factor=ttft_tail, tpot_error_pct=tpot_error, ttft_error_pct=ttft_error,

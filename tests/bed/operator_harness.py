@@ -231,6 +231,13 @@ def events(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
     return items
 
 
+def wait_for_event(kube: Kube, namespace: str, name: str, reason: str, timeout_s: float = 30.0) -> None:
+    """Until an Event of `reason` names the resource: kvscale emits it after the write it reports, so a test
+    that has seen the write may still be before the Event."""
+    wait_until(lambda: reason in {e["reason"] for e in events(kube, namespace, name)}, timeout_s,
+               f"a {reason} event for {name}")
+
+
 def container_args(deployment: dict[str, Any]) -> list[str]:
     args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     return args

@@ -24,6 +24,7 @@ from operator_harness import (
     required_condition,
     running_operator,
     wait_condition,
+    wait_for_event,
 )
 
 from kvscale.api.spec import load_resource
@@ -141,7 +142,7 @@ def test_changing_the_slo_rolls_the_deployment_and_nothing_else(
     service_after = get(kube, "service", namespace, "llama-70b")
     assert service_after is not None
     assert service_after["metadata"]["resourceVersion"] == service_before["metadata"]["resourceVersion"]
-    assert "DeploymentUpdated" in {e["reason"] for e in events(kube, namespace, "llama-70b")}
+    wait_for_event(kube, namespace, "llama-70b", "DeploymentUpdated")
 
 
 def test_drift_is_put_back(kube: Kube, operator: RunningOperator, namespace: str) -> None:
@@ -159,7 +160,7 @@ def test_drift_is_put_back(kube: Kube, operator: RunningOperator, namespace: str
         return deployment is not None and container_args(deployment) == container_args(original)
 
     wait_until(restored, 60, "the operator to put the flags back")
-    assert "DriftCorrected" in {e["reason"] for e in events(kube, namespace, "llama-8b-chat")}
+    wait_for_event(kube, namespace, "llama-8b-chat", "DriftCorrected")
 
 
 @pytest.mark.parametrize(
@@ -222,7 +223,7 @@ def test_a_plan_bigger_than_the_cluster_sets_insufficient_capacity(
     llmd = wait_condition(kube, namespace, "llama-70b", "InsufficientCapacity", "True")
     message = required_condition(llmd, "InsufficientCapacity")["message"]
     assert "NVIDIA-H100-80GB-HBM3" in message and "32 allocatable" in message
-    assert "InsufficientCapacity" in {e["reason"] for e in events(kube, namespace, "llama-70b")}
+    wait_for_event(kube, namespace, "llama-70b", "InsufficientCapacity")
 
 
 def test_deletion_removes_what_it_owns_and_never_touches_what_it_does_not(

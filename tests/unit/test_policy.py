@@ -28,6 +28,7 @@ from kvscale.autoscaler.policy import (
     ScaleDecision,
     _with_assumed_tail,
     build_calibration_sample,
+    peak_threshold_rps,
     replica_goodput,
     replica_throughput,
 )
@@ -260,8 +261,8 @@ def test_a_peak_seen_before_the_hour_is_covered_floors_scale_down_as_the_stated_
     per_replica = replica_goodput(context, planned_shape(context.spec)) / (1.0 + context.spec.scaling.headroom)
     stated = context.spec.workload.requests_per_second
 
-    def with_busiest(rate: float, minutes: int = 21) -> ScalingHistory:
-        quiet = [(NOW - BUCKET_S * (minutes - 1) + BUCKET_S * i, 0.5) for i in range(minutes)]
+    def with_busiest(rate: float, minutes: int = 21, level: float = 0.5) -> ScalingHistory:
+        quiet = [(NOW - BUCKET_S * (minutes - 1) + BUCKET_S * i, level) for i in range(minutes)]
         return ScalingHistory(forecasts=forecasts_from([*quiet[:10], (quiet[10][0], rate), *quiet[11:]]))
 
     # A steady load's busiest minute sits some sigmas above its mean, and is no peak: the stated plan (7) binds,
@@ -273,6 +274,13 @@ def test_a_peak_seen_before_the_hour_is_covered_floors_scale_down_as_the_stated_
     peaked = decide(_load(0.5), context, with_busiest(peak + 2.0 * math.sqrt(peak / BUCKET_S)), NOW)
     assert peaked.desired_replicas == 9
     assert "the busiest minute so far" in peaked.reason and "keeps 9 replica(s)" in peaked.reason
+    # The same busiest minute in a swell of the level (0.7x it) is no peak, below peak_threshold_rps: the level
+    # between peaks is the rates' to size, and only the stated plan floors.
+    busiest = peak + 2.0 * math.sqrt(peak / BUCKET_S)
+    swell = with_busiest(busiest, level=0.7 * busiest)
+    assert busiest < peak_threshold_rps(list(swell.forecasts.day))
+    swelled = decide(_load(0.5), context, swell, NOW)
+    assert swelled.desired_replicas == 8 and "the stated workload" in swelled.reason
     # Once the history covers the hour, neither floors: the observed load and the pattern rules decide.
     covered = decide(_load(0.5), context, with_busiest(peak + 2.0 * math.sqrt(peak / BUCKET_S), 61), NOW)
     assert covered.desired_replicas == 8 and "busiest minute" not in covered.reason

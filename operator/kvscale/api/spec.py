@@ -321,9 +321,9 @@ class ScalingSection(ApiModel):
         int, Field(ge=0, le=86_400, description="Until the arrivals history (per-minute, read back from "
                    "Prometheus after a restart) covers this many seconds (at most a day, the history kept), scale "
                    "down no lower than the replicas planned for the stated workload (its peak where stated, else "
-                   "its mean), or for the busiest minute seen so far where that is busier: the statement and the "
-                   "peaks seen are the only evidence of the peaks that history has not shown yet. "
-                   "0: trust the observed load from the start.")
+                   "its mean), or for the busiest peak minute seen so far (above 1.5x the median minute) where that is "
+                   "busier: the statement and the peaks seen are the only evidence of the peaks that history has "
+                   "not shown yet. 0: trust the observed load from the start.")
     ] = 3_600
     forecaster: Annotated[
         ForecastMode,

@@ -278,7 +278,7 @@ def test_a_peak_seen_before_the_hour_is_covered_floors_scale_down_as_the_stated_
     # between peaks is the rates' to size, and only the stated plan floors.
     busiest = peak + 2.0 * math.sqrt(peak / BUCKET_S)
     swell = with_busiest(busiest, level=0.7 * busiest)
-    assert busiest < peak_threshold_rps(list(swell.forecasts.day))
+    assert busiest < peak_threshold_rps(swell.forecasts.day)
     swelled = decide(_load(0.5), context, swell, NOW)
     assert swelled.desired_replicas == 8 and "the stated workload" in swelled.reason
     # Once the history covers the hour, neither floors: the observed load and the pattern rules decide.

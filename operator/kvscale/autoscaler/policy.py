@@ -735,11 +735,12 @@ def _stated_load_floor(context: ReplicaContext, history: ScalingHistory, pattern
     # its mean, and no peak. Only a peak's minute counts (above peak_pattern's threshold): a swell of the level
     # is the load between peaks, which the rates already size; floored on its busiest minute, conv x1 held a
     # third replica for its last 17 min (10.14 GPU-h, 9.07 without).
-    minutes = history.forecasts.day
-    threshold = peak_threshold_rps(minutes)
-    peak_rps = 0.0 if pattern is not None else max(
-        (rate - POISSON_PEAK_SIGMAS * math.sqrt(max(rate, 0.0) / BUCKET_S) for rate in minutes if rate > threshold),
-        default=0.0)
+    peak_rps = 0.0
+    if pattern is None:
+        minutes = history.forecasts.day
+        threshold = peak_threshold_rps(minutes)
+        peak_rps = max((rate - POISSON_PEAK_SIGMAS * math.sqrt(max(rate, 0.0) / BUCKET_S)
+                        for rate in minutes if rate > threshold), default=0.0)
     floor_rps = max(stated_rps, peak_rps)
     replicas = min(math.ceil(floor_rps * (1.0 + spec.scaling.headroom) / goodput - 1e-9),
                    spec.scaling.max_replicas)

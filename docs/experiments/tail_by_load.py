@@ -12,7 +12,7 @@ percentile moves with load, a factor learned at light load misstates the goodput
 takes tails from (steady: no queue, no replica starting; neither bursty nor overloaded) is recorded with the
 ratio the calibration step computes (observed SLO-percentile TPOT and TTFT over the model's at the window's
 per-replica rate, the model at the step's own speed factors) and the window's load, its rate over the model's
-max_request_rate. Prints, per case and load band, the windows, their tail weight (the evidence calibration
+max_request_rate. Prints, per case and load band, the windows, their TPOT tail weight (the evidence calibration
 gives them) and the weighted geometric mean of each ratio.
 """
 
@@ -29,12 +29,13 @@ sys.path.insert(0, "benchmarks")
 
 BAND_EDGES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
 
-Window = tuple[float, float, float, float]  # load share, TPOT ratio, TTFT ratio, tail weight
+Window = tuple[float, float, float, float, float]  # load share, TPOT ratio, TTFT ratio, their tail weights
 
 
 def run_one(index: int, seed: int) -> list[Window]:
     import autoscaling as bench
     import kvscale.sim.policies as policies
+    from kvscale.autoscaler.calibration import TTFT_TAIL_EVIDENCE_REQUESTS
     from kvscale.cli.simulate_cmd import load_deployment, load_trace, run_simulation
     from kvscale.perfmodel import build_replica_model, estimate_at_rate
     from kvscale.perfmodel.serving import max_request_rate
@@ -57,7 +58,7 @@ def run_one(index: int, seed: int) -> list[Window]:
         tpot = sample.tpot_quantile_s / float(at.tpot_quantile_s) if sample.tpot_quantile_s else math.nan
         ttft = sample.ttft_quantile_s / float(at.ttft_quantile_s) if sample.ttft_quantile_s else math.nan
         load = rate / float(max_request_rate(model, sample.shape, [sample.slots])[0])
-        windows.append((load, tpot, ttft, sample.tail_weight))
+        windows.append((load, tpot, ttft, sample.tail_weight(), sample.tail_weight(TTFT_TAIL_EVIDENCE_REQUESTS)))
         return updated
 
     policies.calibrate = recording
@@ -82,7 +83,7 @@ def main() -> None:
     chosen = bench.referenced_cases(args.only)
     print(f"observed over modelled SLO-percentile latency, by load (rate over the calibrated model's saturation rate), "
           f"fleet seed {args.seed} (command: .venv/bin/python docs/experiments/tail_by_load.py --seed {args.seed})")
-    print("| set | case | load | windows | tail weight | TPOT ratio | TTFT ratio |")
+    print("| set | case | load | windows | TPOT tail weight | TPOT ratio | TTFT ratio |")
     print("|---|---|---|---|---|---|---|")
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(run_one, chosen, [args.seed] * len(chosen)))
@@ -94,7 +95,7 @@ def main() -> None:
             if weight < 1.0:
                 continue  # less than one full window's evidence: noise
             tpot = weighted_geomean([(w[1], w[3]) for w in band if not math.isnan(w[1])])
-            ttft = weighted_geomean([(w[2], w[3]) for w in band if not math.isnan(w[2])])
+            ttft = weighted_geomean([(w[2], w[4]) for w in band if not math.isnan(w[2])])
             print(f"| {case.split} | {case.label} | {low:.1f}-{high:.1f} | {len(band)} | {weight:.1f} | {tpot:.3f} | "
                   f"{ttft:.3f} |", flush=True)
 

@@ -18,6 +18,7 @@ import kvscale.autoscaler
 import kvscale.sim.policies
 from kvscale.api.spec import load_resource
 from kvscale.catalog import find_gpu, resolve_architecture
+from kvscale.cli.simulate_cmd import run_simulation
 from kvscale.errors import InvalidSpecError
 from kvscale.perfmodel import ServingSetup, build_replica_model
 from kvscale.planner import build_plan_inputs
@@ -191,6 +192,23 @@ def test_static_peak_is_the_peak_over_a_load_tested_server(deployment: Simulated
     policy = build_policy("static-peak", deployment, trace)
     assert isinstance(policy, StaticPolicy)
     assert policy.initial_replicas() == int(np.ceil(trace.peak_rate() / test.rate_per_replica - 1e-9))
+
+
+def test_static_peak_load_tests_the_servers_of_the_run_in_their_form(deployment: SimulatedDeployment) -> None:
+    # `vllm bench serve` measures the servers the fleet will run: where they differ from the model in form
+    # (here attention that grows steeply with context, and jittery step overheads), the load test, and the
+    # static fleet sized from it, see that form, not the model's.
+    trace = generate_synthetic_trace("synthetic:bursts:rate=1:burst_rate=12:every=300:length=60:duration=600:"
+                                     "input=1024:output=128:lengths=exponential")
+    slow = ServerForm(attention_growth_tokens=512.0, overhead_jitter_cv=0.5)
+    as_modelled = load_test_capacity(deployment, trace)
+    in_form = load_test_capacity(deployment, trace, slow)
+    assert in_form.rate_per_replica < 0.9 * as_modelled.rate_per_replica
+    assert measure_at_rate(deployment, trace, in_form.rate_per_replica, slow)[0]
+    assert not measure_at_rate(deployment, trace, as_modelled.rate_per_replica, slow)[0]
+    # `kvscale simulate --policy static-peak` load-tests the run's own servers.
+    result = run_simulation(deployment, trace, "static-peak", config=FleetConfig(server_form=slow))
+    assert result.metrics["policy_detail"]["load_test"]["rate_per_replica"] == round(in_form.rate_per_replica, 4)
 
 
 def test_static_peak_stays_within_the_resources_replica_bounds(deployment: SimulatedDeployment) -> None:

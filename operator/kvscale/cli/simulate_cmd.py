@@ -109,11 +109,14 @@ def run_simulation(deployment: SimulatedDeployment, trace: Trace, policy_name: s
                    duration_s: float | None = None, config: FleetConfig | None = None,
                    initial_replicas: int | None = None, calibrated: bool = True) -> SimulationResult:
     from kvscale.sim import build_policy, simulate
+    from kvscale.sim.server import MODEL_FORM
 
     trace = trace.sped_up(speedup)
     if duration_s is not None:
         trace = trace.truncated(duration_s)
-    policy = build_policy(policy_name, deployment, trace, initial_replicas, calibrated)
+    # static-peak load-tests the servers the fleet runs, in their form (measured-like where asked)
+    policy = build_policy(policy_name, deployment, trace, initial_replicas, calibrated,
+                          config.server_form if config is not None else MODEL_FORM)
     return simulate(deployment, trace, policy, config)
 
 

@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 lint: venv
-	$(VENV)/bin/ruff check operator tests benchmarks demo
+	$(VENV)/bin/ruff check operator tests benchmarks demo docs/experiments
 	$(VENV)/bin/lint-imports
 
 # The package, then the tests, strict too: one pass per directory, since each has its own conftest and its

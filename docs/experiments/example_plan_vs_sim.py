@@ -1,7 +1,8 @@
 """An example's chosen plan against one simulated replica of it (docs/accuracy.md, 2026-11-29).
 
 Run from the repository root:
-    .venv/bin/python docs/experiments/example_plan_vs_sim.py examples/llama-3.1-70b-h100.yaml 0.05,0.5,0.9,1.0 [--described]
+    .venv/bin/python docs/experiments/example_plan_vs_sim.py examples/llama-3.1-70b-h100.yaml 0.05,0.5,0.9,1.0
+    (and the same with --described)
 The planner picks the configuration from the resource as written (means only); one simulated server of it, at
 the planner's own efficiency, takes Poisson arrivals at the given fractions of the planned goodput, with
 exponential prompt and output lengths of the resource's means (two seeded runs of 4,000 requests, the first 300
@@ -20,7 +21,6 @@ sys.path.insert(0, "benchmarks")
 
 def main() -> None:
     import model_vs_sim as mvs
-
     from kvscale.api.spec import load_resource
     from kvscale.perfmodel import build_replica_model, estimate_at_rate
     from kvscale.perfmodel.serving import concurrency_limit
@@ -47,7 +47,8 @@ def main() -> None:
         ttft_s = np.concatenate([run.ttft_s for run in runs])
         tpot_s = np.concatenate([run.tpot_s for run in runs])
         promise = estimate_at_rate(model, shape, rate, slots, percentile / 100.0)
-        print(f"load {load:g} ({rate:.2f} req/s): TTFT p{percentile:g} {np.percentile(ttft_s, percentile) * 1e3:.0f} ms "
+        ttft_ms = np.percentile(ttft_s, percentile) * 1e3
+        print(f"load {load:g} ({rate:.2f} req/s): TTFT p{percentile:g} {ttft_ms:.0f} ms "
               f"simulated, {float(promise.ttft_quantile_s) * 1e3:.0f} promised (means {ttft_s.mean() * 1e3:.0f} and "
               f"{float(promise.ttft_mean_s) * 1e3:.0f}; the model's prompt-queue wait "
               f"{float(promise.prefill_wait_mean_s) * 1e3:.0f}) | TPOT p{percentile:g} "

@@ -22,9 +22,8 @@ BANDS = ((2, 5), (5, 10), (10, 20), (20, 40), (40, 80), (80, 160), (160, 320), (
 
 
 def main() -> None:
-    import model_vs_sim as mvs
-
     import kvscale.perfmodel.serving as serving
+    import model_vs_sim as mvs
     from kvscale.perfmodel import estimate_at_rate
 
     case = next(c for c in mvs.CASES if c.name.startswith(sys.argv[1]))

@@ -23,9 +23,8 @@ sys.path.insert(0, "benchmarks")
 
 
 def main() -> None:
-    import model_vs_sim as mvs
-
     import kvscale.sim.server as server
+    import model_vs_sim as mvs
     from kvscale.perfmodel import estimate_at_rate
 
     parser = argparse.ArgumentParser()
@@ -74,7 +73,7 @@ def main() -> None:
         lo = np.searchsorted(starts, first[i] - delay - 1e-12)
         hi = np.searchsorted(ends, finish[i] - delay + 1e-12, side="right")
         share: dict[int, float] = {}
-        for start, end, extra, took in steps[lo:hi]:
+        for _start, _end, extra, took in steps[lo:hi]:
             total = sum(took.values())
             if extra <= 1e-6 or total <= 0:
                 continue

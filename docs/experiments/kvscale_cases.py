@@ -5,7 +5,7 @@ Run from the repository root (docs/benchmarks.md, 2026-12-02):
 The first argument is a split (tuning, evaluation) or a substring of the cases' labels; the week is left out.
 For a variant: PYTHONPATH=<worktree>/operator runs another checkout's package, and SET_<NAME>=<number> sets
 that constant of kvscale.autoscaler.calibration in each worker first (as the variants in
-docs/experiments/2026-12-02-tail-fall-and-pinned-prefill.diff read theirs). JOBS=<n> workers (default 2).
+docs/experiments/2026-12-02-tail-and-prefill-variants.diff read theirs). JOBS=<n> workers (default 2).
 """
 
 import os

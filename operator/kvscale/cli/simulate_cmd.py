@@ -108,15 +108,14 @@ def load_deployment(path: Path) -> SimulatedDeployment:
 def run_simulation(deployment: SimulatedDeployment, trace: Trace, policy_name: str, *, speedup: float = 1.0,
                    duration_s: float | None = None, config: FleetConfig | None = None,
                    initial_replicas: int | None = None, calibrated: bool = True) -> SimulationResult:
-    from kvscale.sim import build_policy, simulate
-    from kvscale.sim.server import MODEL_FORM
+    from kvscale.sim import FleetConfig, build_policy, simulate
 
     trace = trace.sped_up(speedup)
     if duration_s is not None:
         trace = trace.truncated(duration_s)
+    config = config or FleetConfig()
     # static-peak load-tests the servers the fleet runs, in their form (measured-like where asked)
-    policy = build_policy(policy_name, deployment, trace, initial_replicas, calibrated,
-                          config.server_form if config is not None else MODEL_FORM)
+    policy = build_policy(policy_name, deployment, trace, initial_replicas, calibrated, config.server_form)
     return simulate(deployment, trace, policy, config)
 
 
